@@ -1,0 +1,27 @@
+# Two entry points, both self-installing: `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test bench clean
+
+$(STAMP): setup.cfg pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+## run: local split training, stage1 and stage0 as two processes over loopback
+run: $(STAMP)
+	$(BIN)/splitrl run $(ARGS)
+
+## test: the test suite (what CI runs)
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(ARGS)
+
+## bench: the transport micro-benchmark
+bench: $(STAMP)
+	$(BIN)/splitrl bench transport $(ARGS)
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,235 @@
+"""The `splitrl` command. Commands only build settings and call the library."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+import click
+
+from .settings import EnvSettings, PPOSettings, RunOptions, TrainSettings
+from .transport import PeerAbort, ProtocolError, TransportTimeout
+
+__all__ = ["main"]
+
+log = logging.getLogger(__name__)
+
+_SECTIONS: tuple[tuple[str | None, type], ...] = ((None, TrainSettings), ("env", EnvSettings), ("ppo", PPOSettings))
+
+
+def _option_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def _click_options(cls: type) -> list[Callable]:
+    out = []
+    for f in dataclasses.fields(cls):
+        if "help" not in f.metadata:
+            continue  # nested sections get their own options
+        name = _option_name(f.name)
+        if f.type in (bool, "bool"):
+            decl = f"{name}/--no-{name[2:]}"
+            out.append(click.option(decl, f.name, default=f.default, show_default=True, help=f.metadata["help"]))
+        else:
+            kind = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
+            out.append(click.option(name, f.name, type=kind, default=f.default, show_default=True, help=f.metadata["help"]))
+    return out
+
+
+def training_options(func: Callable) -> Callable:
+    """Add one click option per settings field, and pass built settings objects instead."""
+    options = [opt for _, cls in _SECTIONS for opt in _click_options(cls)] + _click_options(RunOptions)
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> Any:
+        def take(cls: type) -> Any:
+            return cls(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(cls) if "help" in f.metadata})
+
+        env, ppo = take(EnvSettings), take(PPOSettings)
+        top = {f.name: kwargs.pop(f.name) for f in dataclasses.fields(TrainSettings) if "help" in f.metadata}
+        settings = TrainSettings(env=env, ppo=ppo, **top)
+        return func(settings=settings, options=take(RunOptions), **kwargs)
+
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def settings_to_args(settings: TrainSettings, options: RunOptions) -> list[str]:
+    """The command-line arguments that rebuild ``settings`` and ``options``."""
+    args: list[str] = []
+    pairs = [(f, getattr(settings, f.name)) for f in dataclasses.fields(settings) if "help" in f.metadata]
+    pairs += [(f, getattr(settings.env, f.name)) for f in dataclasses.fields(settings.env)]
+    pairs += [(f, getattr(settings.ppo, f.name)) for f in dataclasses.fields(settings.ppo)]
+    pairs += [(f, getattr(options, f.name)) for f in dataclasses.fields(options)]
+    for f, value in pairs:
+        name = _option_name(f.name)
+        if isinstance(value, bool):
+            args.append(name if value else f"--no-{name[2:]}")
+        else:
+            args += [name, repr(value) if isinstance(value, float) else str(value)]
+    return args
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S"
+    )
+
+
+def _run_cli(what: Callable[[], Any]) -> Any:
+    """Turn the library's errors into one clear line and an exit code."""
+    try:
+        return what()
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    except (TransportTimeout, ProtocolError, PeerAbort) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option("-v", "--verbose", is_flag=True, help="debug logging")
+def main(verbose: bool) -> None:
+    """splitrl: PPO split across a slow link, with every byte counted."""
+    _setup_logging(verbose)
+
+
+@main.command()
+@click.option("--connect", default="tcp://127.0.0.1:5555", show_default=True,
+              help="stage1's endpoint (tcp://HOST:PORT uses PORT and PORT+1; also ipc://PATH)")
+@training_options
+def stage0(settings: TrainSettings, options: RunOptions, connect: str) -> None:
+    """The edge: environments + encoder. Drives the schedule."""
+    from .stages import run_stage0
+
+    _run_cli(lambda: run_stage0(settings, options, connect))
+
+
+@main.command()
+@click.option("--bind", default="tcp://0.0.0.0:5555", show_default=True,
+              help="where to listen (tcp://HOST:PORT binds PORT and PORT+1; also ipc://PATH)")
+@training_options
+def stage1(settings: TrainSettings, options: RunOptions, bind: str) -> None:
+    """The server: actor-critic heads + PPO learner. Serves one stage0 session."""
+    from .stages import run_stage1
+
+    _run_cli(lambda: run_stage1(settings, options, bind))
+
+
+@main.command()
+@training_options
+def train(settings: TrainSettings, options: RunOptions) -> None:
+    """Both stages in one process over an in-process link (the single-process twin)."""
+    from .stages import train_twin
+
+    _run_cli(lambda: train_twin(settings, options))
+
+
+def free_port_pair(host: str = "127.0.0.1") -> int:
+    """A port P such that P and P+1 were free a moment ago."""
+    for _ in range(100):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind((host, 0))
+            port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            try:
+                b.bind((host, port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free pair of adjacent ports on loopback")
+
+
+def launch_split(settings: TrainSettings, options: RunOptions, grace: float = 15.0) -> int:
+    """Start stage1 and stage0 as two processes over loopback; stop both on any exit path."""
+    settings.validate()
+    if options.errors():
+        raise ValueError("invalid settings:\n  - " + "\n  - ".join(options.errors()))
+    if not options.run_dir:
+        from .stages.runlog import default_run_dir
+
+        options = dataclasses.replace(options, run_dir=default_run_dir(settings.env.env_id))
+    endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
+    base = [sys.executable, "-m", "splitrl"]
+    args = settings_to_args(settings, options)
+    procs = [
+        subprocess.Popen(base + ["stage1", "--bind", endpoint] + args),
+        subprocess.Popen(base + ["stage0", "--connect", endpoint] + args),
+    ]
+    try:
+        deadline = None
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            if any(c not in (None, 0) for c in codes) and deadline is None:
+                deadline = time.monotonic() + grace  # one failed: the other should follow via abort
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+    codes = [p.returncode for p in procs]
+    log.info("run directory: %s (stage1 exit %s, stage0 exit %s)", options.run_dir, *codes)
+    return next((c for c in codes if c), 0)
+
+
+@main.command()
+@training_options
+def run(settings: TrainSettings, options: RunOptions) -> None:
+    """Split training on this machine: stage1 and stage0 as two processes over loopback."""
+    code = _run_cli(lambda: launch_split(settings, options))
+    sys.exit(code)
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks (not tests): transports, end to end."""
+
+
+@bench.command("transport")
+@click.option("--seconds", default=1.0, show_default=True, help="measuring time per cell")
+@click.option("--quick", is_flag=True, help="tiny durations (smoke test)")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
+def bench_transport(seconds: float, quick: bool, json_path: str | None) -> None:
+    """Throughput and round trip of each transport and endpoint vs raw pyzmq."""
+    import json
+
+    from .bench.transport_bench import format_table, run_transport_bench
+
+    rows = run_transport_bench(seconds=seconds, quick=quick)
+    click.echo(format_table(rows))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,99 @@
+"""Environments for stage0: gymnasium's own wrappers, checked before any socket opens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from .settings import EnvSettings
+
+__all__ = ["EnvSpec", "make_single_env", "make_vector_env", "inspect_env", "to_chw"]
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What the models need to know about an environment, channels first."""
+
+    obs_shape: tuple[int, ...]
+    """(C, H, W) after `to_chw`."""
+    action_dim: int
+    action_low: tuple[float, ...]
+    action_high: tuple[float, ...]
+
+
+def make_single_env(settings: EnvSettings) -> gym.Env:
+    """One environment with the configured observation pipeline."""
+    kwargs = {"max_episode_steps": settings.max_episode_steps} if settings.max_episode_steps else {}
+    env = gym.make(settings.env_id, **kwargs)
+    if settings.frame_skip > 1:
+        env = gym.wrappers.MaxAndSkipObservation(env, skip=settings.frame_skip)
+    if settings.grayscale:
+        env = gym.wrappers.GrayscaleObservation(env, keep_dim=False)
+    if settings.resize:
+        env = gym.wrappers.ResizeObservation(env, (settings.resize, settings.resize))
+    if settings.frame_stack > 1:
+        env = gym.wrappers.FrameStackObservation(env, settings.frame_stack)
+    return env
+
+
+def make_vector_env(settings: EnvSettings) -> gym.vector.VectorEnv:
+    """``num_envs`` environments with episode statistics.
+
+    Same-step autoreset: the step that ends an episode returns the next episode's
+    first observation and puts the real last one in ``info["final_obs"]``, which
+    is what bootstrapping a time-limit truncation needs.
+    """
+    thunks: list[Callable[[], gym.Env]] = [lambda: make_single_env(settings)] * settings.num_envs
+    envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=AutoresetMode.SAME_STEP)
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+def to_chw(obs: np.ndarray, stacked: bool) -> np.ndarray:
+    """Batch of observations (B, ...) to channels-first (B, C, H, W) uint8.
+
+    Shapes after the wrappers: (B, H, W) grey; (B, H, W, 3) colour; with a frame
+    stack (B, S, H, W) grey or (B, S, H, W, 3) colour, whose S and 3 become C.
+    """
+    if obs.ndim == 3:
+        return obs[:, None]
+    if obs.ndim == 4 and stacked:
+        return obs
+    if obs.ndim == 4:
+        return np.moveaxis(obs, -1, 1)
+    b, s, h, w, c = obs.shape
+    return np.moveaxis(obs, -1, 2).reshape(b, s * c, h, w)
+
+
+def inspect_env(settings: EnvSettings) -> EnvSpec:
+    """Build one environment to check it is usable; raise ValueError saying why not."""
+    try:
+        env = make_single_env(settings)
+    except gym.error.Error as exc:
+        raise ValueError(f"--env-id {settings.env_id!r}: {exc}") from None
+    except Exception as exc:  # wrappers reject unsuitable spaces with assorted errors
+        raise ValueError(f"--env-id {settings.env_id!r} cannot be used with this observation pipeline: {exc}") from None
+    try:
+        obs_space, act_space = env.observation_space, env.action_space
+    finally:
+        env.close()
+    if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
+        raise ValueError(f"--env-id {settings.env_id!r}: expected a 1-d Box action space, got {act_space}")
+    if not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
+        raise ValueError(f"--env-id {settings.env_id!r}: the action space must be bounded, got {act_space}")
+    if not isinstance(obs_space, gym.spaces.Box) or obs_space.dtype != np.uint8 or len(obs_space.shape) < 2:
+        raise ValueError(
+            f"--env-id {settings.env_id!r}: expected image observations (a uint8 Box of 2 or more dims), "
+            f"got {obs_space}"
+        )
+    sample = np.zeros((1,) + obs_space.shape, dtype=np.uint8)
+    chw = to_chw(sample, stacked=settings.frame_stack > 1).shape[1:]
+    return EnvSpec(
+        obs_shape=tuple(int(d) for d in chw),
+        action_dim=int(act_space.shape[0]),
+        action_low=tuple(float(x) for x in act_space.low),
+        action_high=tuple(float(x) for x in act_space.high),
+    )

@@ -1,0 +1,103 @@
+"""Fixed-size on-policy rollout storage."""
+
+from __future__ import annotations
+
+import torch
+
+from .gae import compute_gae
+
+__all__ = ["RolloutBuffer", "shuffled_minibatches", "minibatch_schedule"]
+
+
+class RolloutBuffer:
+    """Per-step tensors shaped (num_steps, num_envs, ...), float32.
+
+    ``actions`` are pre-tanh ``u`` so log-probs can be recomputed without atanh.
+    After ``finish`` the ``b_*`` attributes are step-major flat views
+    (index = t * num_envs + n), matching ``obs.reshape(-1, ...)``.
+    """
+
+    def __init__(self, num_steps: int, num_envs: int, action_dim: int) -> None:
+        self.num_steps, self.num_envs, self.action_dim = num_steps, num_envs, action_dim
+        shape = (num_steps, num_envs)
+        self.actions = torch.zeros(shape + (action_dim,))
+        self.logprobs = torch.zeros(shape)
+        self.values = torch.zeros(shape)
+        self.rewards = torch.zeros(shape)
+        self.terminated = torch.zeros(shape)
+        self.truncated = torch.zeros(shape)
+        self.final_values = torch.zeros(shape)
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_steps * self.num_envs
+
+    def _vec(self, x) -> torch.Tensor:
+        # critics often emit (N, 1) and envs numpy arrays; normalise both to (N,) float32
+        return torch.as_tensor(x, dtype=torch.float32).detach().reshape(self.num_envs)
+
+    def add(self, step: int, *, actions, logprobs, values) -> None:
+        """Record what the policy produced at step ``step``."""
+        self.actions[step] = torch.as_tensor(actions, dtype=torch.float32).detach()
+        self.logprobs[step] = self._vec(logprobs)
+        self.values[step] = self._vec(values)
+
+    def add_outcome(self, step: int, *, rewards, terminated, truncated, final_values=None) -> None:
+        """Record what the env returned after acting at step ``step``.
+
+        ``final_values`` (N,) = V(real last obs) is read only where truncated and
+        not terminated; zeros are stored elsewhere.
+        """
+        term = self._vec(terminated).bool()
+        trunc = self._vec(truncated).bool()
+        needs_bootstrap = trunc & ~term
+        if final_values is None:
+            if needs_bootstrap.any():
+                # silently bootstrapping 0 would bias every time-limited episode
+                raise ValueError("final_values is required when an env is truncated")
+            fv = torch.zeros(self.num_envs)
+        else:
+            fv = torch.where(needs_bootstrap, self._vec(final_values), torch.zeros(self.num_envs))
+        self.rewards[step] = self._vec(rewards)
+        self.terminated[step] = term.float()
+        self.truncated[step] = trunc.float()
+        self.final_values[step] = fv
+
+    def finish(self, last_value, gamma: float = 0.99, gae_lambda: float = 0.95) -> None:
+        """Compute advantages/returns and the flattened ``b_*`` batch views."""
+        self.advantages, self.returns = compute_gae(
+            self.rewards, self.values, self.terminated, self.truncated,
+            self.final_values, self._vec(last_value), gamma, gae_lambda,
+        )
+        self.b_actions = self.actions.reshape(-1, self.action_dim)
+        self.b_logprobs = self.logprobs.reshape(-1)
+        self.b_values = self.values.reshape(-1)
+        self.b_advantages = self.advantages.reshape(-1)
+        self.b_returns = self.returns.reshape(-1)
+
+    def minibatch_indices(
+        self, generator: torch.Generator | None, num_minibatches: int
+    ) -> list[torch.Tensor]:
+        """One epoch's shuffled split of batch indices into equal minibatches."""
+        return shuffled_minibatches(self.batch_size, generator, num_minibatches)
+
+
+def shuffled_minibatches(
+    batch_size: int, generator: torch.Generator | None, num_minibatches: int
+) -> list[torch.Tensor]:
+    """A random permutation of ``range(batch_size)`` cut into equal minibatches."""
+    if num_minibatches <= 0 or batch_size % num_minibatches != 0:
+        raise ValueError(f"batch size {batch_size} is not divisible by num_minibatches={num_minibatches}")
+    perm = torch.randperm(batch_size, generator=generator)
+    return list(perm.split(batch_size // num_minibatches))
+
+
+def minibatch_schedule(
+    seed: int, iteration: int, epochs: int, batch_size: int, num_minibatches: int
+) -> list[list[torch.Tensor]]:
+    """Every epoch's minibatches for one iteration, a pure function of (seed, iteration).
+
+    Both stages of a split run call it, so the order never crosses the link.
+    """
+    generator = torch.Generator().manual_seed((seed * 1_000_003 + iteration) % (2**63))
+    return [shuffled_minibatches(batch_size, generator, num_minibatches) for _ in range(epochs)]

@@ -1,0 +1,232 @@
+"""Stage0: the environments and the layers before the cut. It drives the session."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..envs import EnvSpec, make_vector_env, to_chw
+from ..models import build_agent
+from ..ppo import minibatch_schedule
+from ..settings import TrainSettings
+from ..transport import Message, ProtocolError, Transport
+from ..transport.handshake import handshake
+from .protocol import STAGE0, STAGE1
+from .runlog import RunLog
+
+__all__ = ["Stage0", "EMA_DECAY"]
+
+log = logging.getLogger(__name__)
+
+EMA_DECAY = 0.9
+"""The paper smooths episodic returns with an EMA of this decay, one update per episode."""
+
+
+class _Clock:
+    """Accumulates wall time per phase."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add(self, phase: str, since: float) -> float:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - since
+        return now
+
+
+class Stage0:
+    """Environments + the stage0 part of the network; runs rollouts and training
+    over a `Transport` to stage1, and writes the run directory."""
+
+    def __init__(self, settings: TrainSettings, spec: EnvSpec, run_log: RunLog, *, checkpoint_every: int = 10) -> None:
+        self.settings, self.spec, self.run_log = settings, spec, run_log
+        self.checkpoint_every = checkpoint_every
+        self.net, _ = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed)
+        params = list(self.net.parameters())
+        self.optimizer = torch.optim.Adam(params, lr=settings.ppo.lr_encoder, eps=1e-5) if params else None
+        n, t = settings.env.num_envs, settings.ppo.num_steps
+        self.obs = torch.zeros((t, n) + spec.obs_shape, dtype=torch.uint8)
+        self.low = torch.tensor(spec.action_low)
+        self.high = torch.tensor(spec.action_high)
+        self.stacked = settings.env.frame_stack > 1
+        self.global_step = 0
+        self.ema_return: float | None = None
+        self.clock = _Clock()
+
+    # -- pieces ----------------------------------------------------------------------
+    def _encode(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = self.net(torch.as_tensor(obs))
+        self.clock.add("encoder", start)
+        return out
+
+    def _exchange(self, link: Transport, kind: str, tensors: dict[str, torch.Tensor], header: dict[str, Any], expect: str | None) -> Message | None:
+        start = time.perf_counter()
+        link.send(kind, tensors, header)
+        msg = link.recv() if expect else None
+        self.clock.add("link", start)
+        if msg is not None and msg.kind != expect:
+            raise ProtocolError(f"stage0: after {kind!r} expected {expect!r}, got {msg.kind!r}")
+        return msg
+
+    def _outcome(self, reward, terminated, truncated, info) -> dict[str, torch.Tensor]:
+        out = {
+            "reward": torch.as_tensor(reward, dtype=torch.float32),
+            "terminated": torch.as_tensor(terminated, dtype=torch.bool),
+            "truncated": torch.as_tensor(truncated, dtype=torch.bool),
+        }
+        bootstrap = np.flatnonzero(np.asarray(truncated) & ~np.asarray(terminated))
+        if len(bootstrap):
+            final = np.stack([info["final_obs"][i] for i in bootstrap])
+            out["final_features"] = self._encode(to_chw(final, self.stacked))
+            out["final_index"] = torch.as_tensor(bootstrap, dtype=torch.int64)
+        return out
+
+    def _episodes(self, info: dict[str, Any], iteration: int, returns: list[float]) -> None:
+        if "episode" not in info:
+            return
+        for i in np.flatnonzero(info["_episode"]):
+            r, length = float(info["episode"]["r"][i]), int(info["episode"]["l"][i])
+            self.ema_return = r if self.ema_return is None else EMA_DECAY * self.ema_return + (1 - EMA_DECAY) * r
+            returns.append(r)
+            self.run_log.episode(
+                {"global_step": self.global_step, "iteration": iteration, "env": int(i), "return": r,
+                 "length": length, "ema_return": self.ema_return}
+            )
+
+    # -- phases ----------------------------------------------------------------------
+    def rollout(self, link: Transport, envs, next_obs: np.ndarray, iteration: int, returns: list[float]) -> np.ndarray:
+        scale = (self.high - self.low) / 2
+        outcome: dict[str, torch.Tensor] = {}
+        for t in range(self.settings.ppo.num_steps):
+            obs = torch.as_tensor(to_chw(next_obs, self.stacked))
+            self.obs[t] = obs
+            msg = self._exchange(link, "step", {"features": self._encode(obs), **outcome}, {"t": t}, "action")
+            action = msg.tensors.get("action")
+            if action is None or tuple(action.shape) != (self.settings.env.num_envs, self.spec.action_dim):
+                raise ProtocolError(f"action: expected a tensor 'action' of shape {[self.settings.env.num_envs, self.spec.action_dim]}")
+            env_action = (self.low + (action.float().clamp(-1, 1) + 1) * scale).numpy()
+            start = time.perf_counter()
+            next_obs, reward, terminated, truncated, info = envs.step(env_action)
+            self.clock.add("env", start)
+            self.global_step += self.settings.env.num_envs
+            self._episodes(info, iteration, returns)
+            outcome = self._outcome(reward, terminated, truncated, info)
+        features = self._encode(to_chw(next_obs, self.stacked))
+        self._exchange(link, "rollout_end", {"features": features, **outcome}, {}, None)
+        return next_obs
+
+    def train(self, link: Transport, iteration: int) -> None:
+        if self.optimizer is None:
+            return  # nothing of ours to train: stage1 trains alone on what it received
+        ppo = self.settings.ppo
+        flat = self.obs.reshape((-1,) + self.spec.obs_shape)
+        schedule = minibatch_schedule(self.settings.seed, iteration, ppo.epochs, flat.shape[0], ppo.minibatches)
+        params = [p for p in self.net.parameters()]
+        for epoch, minibatches in enumerate(schedule):
+            for mb, idx in enumerate(minibatches):
+                start = time.perf_counter()
+                features = self.net(flat[idx])
+                self.clock.add("encoder", start)
+                msg = self._exchange(link, "train_fwd", {"features": features.detach()}, {"epoch": epoch, "mb": mb}, "train_bwd")
+                grad = msg.tensors.get("grad")
+                if grad is None or grad.shape != features.shape or grad.dtype != features.dtype:
+                    raise ProtocolError(f"train_bwd: expected 'grad' {features.dtype} {list(features.shape)}")
+                start = time.perf_counter()
+                self.optimizer.zero_grad(set_to_none=True)
+                torch.autograd.backward(features, grad)
+                nn.utils.clip_grad_norm_(params, ppo.max_grad_norm)
+                self.optimizer.step()
+                self.clock.add("encoder", start)
+
+    def finish_iteration(self, link: Transport, iteration: int, checkpoint: bool) -> dict[str, Any]:
+        start = time.perf_counter()
+        link.send("iter_end", header={"iteration": iteration, "checkpoint": checkpoint})
+        while True:
+            msg = link.recv()
+            if msg.kind == "iter_stats":
+                break
+            if msg.kind != "progress":
+                raise ProtocolError(f"stage0: after 'iter_end' expected 'progress' or 'iter_stats', got {msg.kind!r}")
+        self.clock.add("link", start)
+        if checkpoint:
+            self.run_log.checkpoint(STAGE0, iteration, self.state_dict(iteration))
+        return dict(msg.header)
+
+    def state_dict(self, iteration: int) -> dict[str, Any]:
+        return {
+            "iteration": iteration,
+            "net": self.net.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+        }
+
+    # -- the whole session -----------------------------------------------------------
+    def run(self, link: Transport, *, start_timeout: float | None = None) -> list[dict[str, Any]]:
+        """Handshake, train for every iteration, close. Returns the metrics records."""
+        s = self.settings
+        try:
+            handshake(link, STAGE0, STAGE1, s.shared(), timeout=start_timeout)
+            envs = make_vector_env(s.env)
+            try:
+                records = self._train_loop(link, envs)
+            finally:
+                envs.close()
+            link.send("close")
+        except BaseException as exc:
+            link.abort(f"stage0 failed: {type(exc).__name__}: {exc}")
+            raise
+        return records
+
+    def _train_loop(self, link: Transport, envs) -> list[dict[str, Any]]:
+        s = self.settings
+        next_obs, _ = envs.reset(seed=s.seed)
+        records = []
+        bytes_before = link.meter.snapshot()
+        run_start = time.perf_counter()
+        for iteration in range(1, s.num_iterations + 1):
+            self.clock = _Clock()
+            iter_start = time.perf_counter()
+            returns: list[float] = []
+            next_obs = self.rollout(link, envs, next_obs, iteration, returns)
+            self.train(link, iteration)
+            last = iteration == s.num_iterations
+            checkpoint = last or (self.checkpoint_every > 0 and iteration % self.checkpoint_every == 0)
+            stats = self.finish_iteration(link, iteration, checkpoint)
+            wall = time.perf_counter() - iter_start
+            net_now = link.meter.snapshot()
+            record: dict[str, Any] = {
+                "iteration": iteration,
+                "global_step": self.global_step,
+                "charts/episodic_return": sum(returns) / len(returns) if returns else None,
+                "charts/episodic_return_ema": self.ema_return,
+                "charts/episodes": len(returns),
+                "charts/SPS": s.steps_per_iteration / wall,
+                "time/iteration": wall,
+                "time/total": time.perf_counter() - run_start,
+            }
+            record.update({k: v for k, v in stats.items() if k.startswith("losses/")})
+            heads = float(stats.get("time/heads", 0.0))
+            record["time/env"] = self.clock.seconds.get("env", 0.0)
+            record["time/encoder"] = self.clock.seconds.get("encoder", 0.0)
+            record["time/heads"] = heads
+            # Time inside send/recv is stage1's compute plus the link; the stage1 report splits it.
+            record["time/link_wait"] = max(0.0, self.clock.seconds.get("link", 0.0) - heads)
+            for key, value in net_now.items():
+                record[key] = value - bytes_before.get(key, 0)
+                record[key.replace("net/", "net_total/", 1)] = value
+            bytes_before = net_now
+            records.append(record)
+            self.run_log.metrics(record)
+            ret = record["charts/episodic_return_ema"]
+            log.info(
+                "[stage0] iter %d/%d  step %d  %.0f steps/s  return(ema) %s  sent %.1f MB  recv %.1f MB",
+                iteration, s.num_iterations, self.global_step, record["charts/SPS"],
+                "n/a" if ret is None else f"{ret:.1f}", link.meter.total("sent") / 1e6, link.meter.total("recv") / 1e6,
+            )
+        return records

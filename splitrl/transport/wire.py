@@ -1,0 +1,285 @@
+"""The wire format: a message is a msgpack header frame plus one raw frame per tensor.
+
+`encode` is a pure function from a message to a list of buffers and `decode` its
+inverse. `decode` trusts nothing it is given; see docs/PROTOCOL.md for the byte-level
+description a peer in another language can be written from.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import msgpack
+import torch
+
+from .errors import ProtocolError
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "DTYPES",
+    "WireLimits",
+    "Message",
+    "encode",
+    "decode",
+    "frame_nbytes",
+    "HELLO_KIND",
+    "ABORT_KIND",
+]
+
+PROTOCOL_VERSION = 1
+HELLO_KIND = "hello"
+"""Reserved kind: the handshake (see handshake.py)."""
+ABORT_KIND = "abort"
+"""Reserved kind: the sender is stopping; header ``reason`` says why."""
+_RESERVED_KINDS = frozenset({HELLO_KIND, ABORT_KIND})
+
+# Wire name -> torch dtype. Tensor bytes are little-endian, C order.
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "bool": torch.bool,
+}
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+_ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in DTYPES.items()}
+_HEADER_KEYS = frozenset({"v", "k", "s", "h", "t"})
+_KIND_RE = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,63}\Z")
+_MAX_SEQ = 2**63 - 1
+
+if sys.byteorder != "little":  # pragma: no cover - no big-endian CI machine
+    raise ImportError("splitrl's wire format sends tensors in host order and needs a little-endian host")
+
+
+@dataclass(frozen=True)
+class WireLimits:
+    """What a receiver accepts; anything larger is a `ProtocolError` before allocation."""
+
+    max_header_bytes: int = 64 * 1024
+    """Largest header frame (frame 0)."""
+    max_tensors: int = 64
+    """Most tensors in one message."""
+    max_ndim: int = 8
+    """Most dimensions of one tensor."""
+    max_tensor_bytes: int = 256 * 1024 * 1024
+    """Largest single tensor frame."""
+    max_message_bytes: int = 512 * 1024 * 1024
+    """Largest message, all frames together."""
+    kinds: frozenset[str] | None = field(default=None)
+    """Message kinds the application accepts (None: any well-formed kind name)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_header_bytes", "max_tensors", "max_ndim", "max_tensor_bytes", "max_message_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"WireLimits.{name} must be a positive int, got {value!r}")
+        if self.kinds is not None:
+            object.__setattr__(self, "kinds", frozenset(self.kinds))
+
+    @property
+    def max_frame_bytes(self) -> int:
+        return max(self.max_header_bytes, self.max_tensor_bytes)
+
+
+@dataclass(frozen=True)
+class Message:
+    """A decoded message. `nbytes` is what it cost on the link, all frames included."""
+
+    kind: str
+    header: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    seq: int = 0
+    nbytes: int = 0
+
+
+def frame_nbytes(frame: Any) -> int:
+    """Length in bytes of a frame given as bytes, memoryview, numpy array or zmq.Frame."""
+    if isinstance(frame, (bytes, bytearray)):
+        return len(frame)
+    nbytes = getattr(frame, "nbytes", None)
+    if nbytes is not None:
+        return int(nbytes)
+    return len(frame)  # zmq.Frame
+
+
+def _tensor_frame(name: str, tensor: torch.Tensor) -> tuple[list[Any], memoryview]:
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"tensor {name!r}: expected a torch.Tensor, got {type(tensor).__name__}")
+    dtype = _DTYPE_NAMES.get(tensor.dtype)
+    if dtype is None:
+        raise ValueError(f"tensor {name!r}: dtype {tensor.dtype} is not one of {sorted(DTYPES)}")
+    if tensor.device.type != "cpu":
+        raise ValueError(f"tensor {name!r} is on {tensor.device}; move it to the CPU before sending")
+    flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    # A uint8 view carries every dtype, bfloat16 included, without a copy.
+    buffer = memoryview(flat.view(torch.uint8).numpy())
+    return [name, dtype, list(tensor.shape)], buffer
+
+
+def encode(
+    kind: str,
+    seq: int,
+    header: Mapping[str, Any] | None = None,
+    tensors: Mapping[str, torch.Tensor] | None = None,
+) -> list[Any]:
+    """Encode one message as ``[header_frame, tensor_frame, ...]``.
+
+    Tensor frames are zero-copy views of contiguous tensors: the caller must not
+    modify a tensor until the frames have been sent.
+    """
+    if not isinstance(kind, str) or not _KIND_RE.match(kind):
+        raise ValueError(f"message kind must match {_KIND_RE.pattern!r}, got {kind!r}")
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= _MAX_SEQ:
+        raise ValueError(f"sequence number must be an int in [0, 2**63), got {seq!r}")
+    header = dict(header or {})
+    if not all(isinstance(k, str) for k in header):
+        raise ValueError(f"header keys must be str, got {sorted(map(repr, header))}")
+    specs: list[list[Any]] = []
+    frames: list[Any] = [b""]
+    for index, (name, tensor) in enumerate((tensors or {}).items(), start=1):
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise ValueError(f"tensor name must match {_NAME_RE.pattern!r}, got {name!r}")
+        spec, buffer = _tensor_frame(name, tensor)
+        specs.append(spec + [index])
+        frames.append(buffer)
+    try:
+        frames[0] = msgpack.packb(
+            {"v": PROTOCOL_VERSION, "k": kind, "s": seq, "h": header, "t": specs}, use_bin_type=True
+        )
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"header of {kind!r} is not msgpack-serialisable: {exc}") from exc
+    return frames
+
+
+def _fail(what: str, expected: str, got: Any) -> ProtocolError:
+    text = repr(got)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return ProtocolError(f"{what}: expected {expected}, got {text}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _unpack_header(raw: Any, limits: WireLimits) -> dict[str, Any]:
+    size = frame_nbytes(raw)
+    if size > limits.max_header_bytes:
+        raise _fail("header frame", f"at most {limits.max_header_bytes} bytes", f"{size} bytes")
+    try:
+        # Lengths cannot exceed the frame; ext types (timestamps etc.) are not part of the protocol.
+        obj = msgpack.unpackb(
+            memoryview(raw) if not isinstance(raw, (bytes, bytearray)) else raw,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            ext_hook=_reject_ext,
+            timestamp=0,
+        )
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises many types on garbage; all mean the same here
+        raise ProtocolError(f"header frame: expected a msgpack map, could not decode ({type(exc).__name__}: {exc})") from None
+    if not isinstance(obj, dict):
+        raise _fail("header frame", "a msgpack map", type(obj).__name__)
+    if set(obj) != _HEADER_KEYS:
+        raise _fail("header keys", str(sorted(_HEADER_KEYS)), sorted(map(str, obj)))
+    return obj
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"header frame: expected no msgpack extension types, got ext type {code}")
+
+
+def decode(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> Message:
+    """Decode and validate one message. Raises `ProtocolError` for anything malformed.
+
+    Tensors share memory with the frames (no copy) where the frame is suitably
+    aligned, so the frames' owners must not reuse their buffers.
+    """
+    if not isinstance(frames, Sequence) or len(frames) == 0:
+        raise _fail("message", "at least the header frame", f"{len(frames) if isinstance(frames, Sequence) else frames!r} frames")
+    if len(frames) > limits.max_tensors + 1:
+        raise _fail("frame count", f"at most {limits.max_tensors + 1}", len(frames))
+    obj = _unpack_header(frames[0], limits)
+
+    version = obj["v"]
+    if version != PROTOCOL_VERSION or not _is_int(version):
+        raise _fail("protocol version", str(PROTOCOL_VERSION), version)
+    kind = obj["k"]
+    if not isinstance(kind, str) or not _KIND_RE.match(kind):
+        raise _fail("message kind", f"a name matching {_KIND_RE.pattern}", kind)
+    if limits.kinds is not None and kind not in limits.kinds and kind not in _RESERVED_KINDS:
+        raise _fail("message kind", f"one of {sorted(limits.kinds | _RESERVED_KINDS)}", kind)
+    seq = obj["s"]
+    if not _is_int(seq) or not 0 <= seq <= _MAX_SEQ:
+        raise _fail("sequence number", "an int in [0, 2**63)", seq)
+    header = obj["h"]
+    if not isinstance(header, dict):
+        raise _fail("'h' (header dict)", "a map", type(header).__name__)
+    specs = obj["t"]
+    if not isinstance(specs, list):
+        raise _fail("'t' (tensor list)", "an array", type(specs).__name__)
+    if len(frames) != len(specs) + 1:
+        raise _fail("frame count", f"{len(specs) + 1} (header + one per tensor)", len(frames))
+
+    tensors: dict[str, torch.Tensor] = {}
+    total = frame_nbytes(frames[0])
+    for index, spec in enumerate(specs, start=1):
+        where = f"tensor #{index}"
+        if not isinstance(spec, list) or len(spec) != 4:
+            raise _fail(where, "[name, dtype, shape, frame]", spec)
+        name, dtype_name, shape, frame_index = spec
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise _fail(f"{where} name", f"a name matching {_NAME_RE.pattern}", name)
+        where = f"tensor {name!r}"
+        if name in tensors:
+            raise _fail(where, "a unique name", "a duplicate")
+        dtype = DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
+        if dtype is None:
+            raise _fail(f"{where} dtype", f"one of {sorted(DTYPES)}", dtype_name)
+        if (
+            not isinstance(shape, list)
+            or len(shape) > limits.max_ndim
+            or not all(_is_int(d) and d >= 0 for d in shape)
+        ):
+            raise _fail(f"{where} shape", f"a list of at most {limits.max_ndim} non-negative ints", shape)
+        if frame_index != index or not _is_int(frame_index):
+            raise _fail(f"{where} frame index", str(index), frame_index)
+        numel = 1
+        for d in shape:
+            numel *= d
+        itemsize = _ITEMSIZE[dtype_name]
+        expected = numel * itemsize
+        if expected > limits.max_tensor_bytes:
+            raise _fail(f"{where} size", f"at most {limits.max_tensor_bytes} bytes", f"{expected} bytes (shape {shape}, {dtype_name})")
+        got = frame_nbytes(frames[index])
+        if got != expected:
+            raise _fail(f"{where} frame length", f"{expected} bytes (shape {shape} x {itemsize}-byte {dtype_name})", f"{got} bytes")
+        total += got
+        if total > limits.max_message_bytes:
+            raise _fail("message size", f"at most {limits.max_message_bytes} bytes", f"more than {total} bytes")
+        tensors[name] = _tensor_from_frame(frames[index], dtype, itemsize, shape, numel)
+    return Message(kind=kind, header=header, tensors=tensors, seq=seq, nbytes=total)
+
+
+def _tensor_from_frame(frame: Any, dtype: torch.dtype, itemsize: int, shape: list[int], numel: int) -> torch.Tensor:
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype)
+    buffer = frame if isinstance(frame, (bytes, bytearray, memoryview)) else getattr(frame, "buffer", frame)
+    view = memoryview(buffer).cast("B")
+    if view.readonly:
+        # torch.frombuffer wants writable memory; bytes from a socket are copied once here.
+        view = memoryview(bytearray(view))
+    tensor = torch.frombuffer(view, dtype=torch.uint8)
+    if tensor.data_ptr() % itemsize:
+        tensor = tensor.clone()  # unaligned frame: copy so every kernel sees aligned data
+    return tensor.view(dtype).reshape(shape)
