@@ -79,6 +79,20 @@ def settings_to_args(settings: TrainSettings, options: RunOptions) -> list[str]:
     return args
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _install_signal_handlers() -> None:
+    """SIGINT and SIGTERM both stop a stage the same way: tell the peer, clean up, exit 130.
+
+    SIGINT is set explicitly because a process started in the background by a
+    non-interactive shell inherits it ignored.
+    """
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S"
@@ -104,6 +118,7 @@ def _run_cli(what: Callable[[], Any]) -> Any:
 def main(verbose: bool) -> None:
     """splitrl: PPO split across a slow link, with every byte counted."""
     _setup_logging(verbose)
+    _install_signal_handlers()
 
 
 @main.command()
@@ -181,9 +196,10 @@ def launch_split(settings: TrainSettings, options: RunOptions, grace: float = 15
                 break
             time.sleep(0.2)
     except KeyboardInterrupt:
+        log.info("stopping both stages")
         for p in procs:
             if p.poll() is None:
-                p.send_signal(signal.SIGINT)
+                p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
             time.sleep(0.1)
@@ -226,6 +242,28 @@ def bench_transport(seconds: float, quick: bool, json_path: str | None) -> None:
 
     rows = run_transport_bench(seconds=seconds, quick=quick)
     click.echo(format_table(rows))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+@bench.command("e2e")
+@click.option("--iterations", default=1, show_default=True, help="PPO iterations (4096 steps each) per run")
+@click.option("--repeats", default=1, show_default=True, help="runs per mode, alternating split and twin")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="keep the run directories here")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def bench_e2e(iterations: int, repeats: int, out_dir: str | None, json_path: str | None, extra: tuple[str, ...]) -> None:
+    """Steps/s of the paper configuration, split over loopback vs the twin, with the phase breakdown.
+
+    EXTRA arguments (after --) go to both runs, e.g. -- --threads 2.
+    """
+    import json
+
+    from .bench.e2e_bench import format_e2e_table, run_e2e_bench
+
+    rows = run_e2e_bench(iterations=iterations, repeats=repeats, extra_args=extra, out_dir=out_dir)
+    click.echo(format_e2e_table(rows))
     if json_path:
         with open(json_path, "w") as f:
             json.dump(rows, f, indent=2)

@@ -22,8 +22,8 @@ __all__ = ["Transport", "ByteMeter", "MeterEntry", "INVALID_KIND"]
 
 log = logging.getLogger(__name__)
 
-INVALID_KIND = "invalid"
-"""Meter key for received frames that did not decode."""
+INVALID_KIND = "_invalid"
+"""Meter key for received frames that did not decode (not a legal kind, so it cannot collide)."""
 
 
 @dataclass
@@ -127,7 +127,9 @@ class Transport(ABC):
             self.meter.add(INVALID_KIND, "recv", sum(frame_nbytes(f) for f in frames), len(frames))
             raise ProtocolError(f"from {self.peer}: {exc}") from None
         self.meter.add(msg.kind, "recv", msg.nbytes, len(frames))
-        expected, self._recv_seq = self._recv_seq, msg.seq + 1
+        expected = self._recv_seq
+        if msg.seq >= expected:  # after a gap, resynchronise; a replay must not rewind
+            self._recv_seq = msg.seq + 1
         if msg.seq != expected:
             what = f"{msg.seq - expected} message(s) lost" if msg.seq > expected else "a duplicate or replay"
             raise ProtocolError(

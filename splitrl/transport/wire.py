@@ -142,6 +142,9 @@ def encode(
     header = dict(header or {})
     if not all(isinstance(k, str) for k in header):
         raise ValueError(f"header keys must be str, got {sorted(map(repr, header))}")
+    problem = _plain_header_problem(header)
+    if problem is not None:
+        raise ValueError(f"header of {kind!r} must hold plain data with str map keys, got {problem}")
     specs: list[list[Any]] = []
     frames: list[Any] = [b""]
     for index, (name, tensor) in enumerate((tensors or {}).items(), start=1):
@@ -195,6 +198,23 @@ def _unpack_header(raw: Any, limits: WireLimits) -> dict[str, Any]:
     return obj
 
 
+def _plain_header_problem(header: Any) -> str | None:
+    """What in a header is not plain msgpack data (ext types, non-str map keys), or None."""
+    stack = [header]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            for key in value:
+                if not isinstance(key, str):
+                    return f"a map key {key!r}"
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, (msgpack.Timestamp, msgpack.ExtType)):
+            return "a msgpack extension type"
+    return None
+
+
 def _reject_ext(code: int, data: bytes) -> Any:
     raise ProtocolError(f"header frame: expected no msgpack extension types, got ext type {code}")
 
@@ -225,6 +245,9 @@ def decode(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> Message:
     header = obj["h"]
     if not isinstance(header, dict):
         raise _fail("'h' (header dict)", "a map", type(header).__name__)
+    problem = _plain_header_problem(header)
+    if problem is not None:
+        raise ProtocolError(f"'h' (header dict): expected no msgpack extension types and str map keys, got {problem}")
     specs = obj["t"]
     if not isinstance(specs, list):
         raise _fail("'t' (tensor list)", "an array", type(specs).__name__)
@@ -233,6 +256,8 @@ def decode(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> Message:
 
     tensors: dict[str, torch.Tensor] = {}
     total = frame_nbytes(frames[0])
+    if total > limits.max_message_bytes:
+        raise _fail("message size", f"at most {limits.max_message_bytes} bytes", f"{total} bytes (header frame alone)")
     for index, spec in enumerate(specs, start=1):
         where = f"tensor #{index}"
         if not isinstance(spec, list) or len(spec) != 4:
@@ -254,12 +279,14 @@ def decode(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> Message:
             raise _fail(f"{where} shape", f"a list of at most {limits.max_ndim} non-negative ints", shape)
         if frame_index != index or not _is_int(frame_index):
             raise _fail(f"{where} frame index", str(index), frame_index)
-        numel = 1
+        numel = span = 1
         for d in shape:
             numel *= d
+            span *= max(d, 1)
         itemsize = _ITEMSIZE[dtype_name]
         expected = numel * itemsize
-        if expected > limits.max_tensor_bytes:
+        # span bounds the strides torch computes even when a zero dimension makes numel 0
+        if span * itemsize > limits.max_tensor_bytes:
             raise _fail(f"{where} size", f"at most {limits.max_tensor_bytes} bytes", f"{expected} bytes (shape {shape}, {dtype_name})")
         got = frame_nbytes(frames[index])
         if got != expected:

@@ -1,0 +1,1 @@
+"""Benchmarks: measure the parts of splitrl that decide how fast the link is."""

@@ -1,0 +1,378 @@
+"""Plain TCP transport: one full-duplex connection carrying the frames of `wire.encode`.
+
+Plain TCP framing (docs/PROTOCOL.md): every message is a little-endian u32 frame
+count, then for each frame a little-endian u64 byte length followed by exactly that
+many bytes. The frames are the same as ZmqTransport's; nothing else is ever sent
+(no handshake of its own, no padding, no trailer).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import re
+import select
+import socket
+import struct
+import time
+from typing import Any, Sequence
+
+from .base import Transport
+from .errors import ProtocolError, TransportTimeout
+from .wire import WireLimits
+
+__all__ = ["TcpTransport", "PeerGone"]
+
+log = logging.getLogger(__name__)
+
+_TCP_RE = re.compile(r"tcp://(?P<host>\[[^\]]+\]|[^:/\[\]]+):(?P<port>\d+)\Z")
+_COUNT = struct.Struct("<I")
+_LENGTH = struct.Struct("<Q")
+_COUNT_AND_LENGTH = struct.Struct("<IQ")
+try:
+    _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024)
+except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+    _IOV_MAX = 16
+# Python ignores SIGPIPE already; the flag keeps that true inside embedding hosts too.
+_SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
+_STAGING_BYTES = 256 * 1024
+"""Small frames and length prefixes are read through this buffer, many per syscall."""
+_DIRECT_BYTES = 64 * 1024
+"""A frame remainder at least this large is read straight into its own buffer."""
+_RETRY_CONNECT_S = 0.05
+
+
+class PeerGone(ConnectionError):
+    """The peer closed or reset the connection."""
+
+
+def _parse_endpoint(endpoint: str) -> tuple[str, str, int]:
+    """``tcp://HOST:PORT`` -> (host as written, host for the socket API, port)."""
+    m = _TCP_RE.match(endpoint) if isinstance(endpoint, str) else None
+    if not m:
+        raise ValueError(f"unsupported endpoint {endpoint!r}: TcpTransport needs tcp://HOST:PORT")
+    port = int(m["port"])
+    if port > 65535:
+        raise ValueError(f"{endpoint}: port {port} is out of range")
+    written = m["host"]
+    host = written[1:-1] if written.startswith("[") else written
+    return written, host, port
+
+
+class TcpTransport(Transport):
+    """A `Transport` over one plain TCP connection (see the module docstring for the framing).
+
+    ``bind=True`` listens at ``endpoint`` (port 0 picks a free port; `endpoint`
+    then holds the real address) and accepts exactly one peer, lazily: on the
+    first send or recv, within that call's timeout. ``bind=False`` connects on
+    first use and retries until the timeout, so either side may start first.
+
+    Timeouts: a recv that times out in the middle of a message keeps what has
+    arrived and the next recv continues it. A send that times out before any
+    byte left raises `TransportTimeout` and the connection stays usable; one
+    that times out part-way has put half a message on the stream, so the
+    connection is dropped as well.
+
+    Framing errors: a frame count or frame length beyond ``limits`` (checked
+    before anything is allocated) raises `ProtocolError`. The byte stream is
+    then out of sync, so unlike a message that merely fails to decode, the
+    connection is dropped: the binding side accepts a new peer on the next
+    call, the connecting side reconnects. A peer that closes the connection
+    raises `PeerGone`, never a hang; the same reconnect rules apply.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        bind: bool,
+        timeout: float = 30.0,
+        limits: WireLimits = WireLimits(),
+        name: str = "",
+    ) -> None:
+        super().__init__(peer=name or f"peer at {endpoint}", timeout=timeout, limits=limits)
+        written, host, port = _parse_endpoint(endpoint)
+        self._binding = bind
+        self._listener: socket.socket | None = None
+        self._sock: socket.socket | None = None
+        self._pollers: dict[int, select.poll] = {}
+        self._addrs: list[tuple[socket.AddressFamily, Any]] = []
+        self._staging = bytearray(_STAGING_BYTES)
+        self._sview = memoryview(self._staging)
+        self._rpos = self._rend = 0
+        self._reset_message()
+        try:
+            if bind:
+                self._listener = self._listen(host, port)
+                port = self._listener.getsockname()[1]
+                self.endpoint = f"tcp://{written}:{port}"
+            else:
+                if host == "*":
+                    raise ValueError("cannot connect to the wildcard host '*'")
+                # Resolved once, so a typo fails here rather than after a timeout.
+                self._addrs = [(info[0], info[4]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
+                self.endpoint = endpoint
+        except (OSError, ValueError) as exc:
+            self._close()
+            raise ValueError(f"cannot {'bind' if bind else 'connect'} {endpoint}: {exc}") from exc
+        if not name:
+            self.peer = f"peer at {self.endpoint}"
+
+    # -- connection management ----------------------------------------------------
+    @staticmethod
+    def _listen(host: str, port: int) -> socket.socket:
+        infos = socket.getaddrinfo(
+            None if host == "*" else host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        family, _, _, _, addr = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            # Lets a restarted stage rebind a port still in TIME_WAIT; Linux still refuses two listeners.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+            sock.listen(1)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def _connection(self, deadline: float, timeout: float, doing: str) -> socket.socket:
+        if self._sock is not None:
+            return self._sock
+        sock = self._accept(deadline, timeout, doing) if self._binding else self._connect(deadline, timeout, doing)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+        self._pollers = {}
+        log.debug("connected to %s (%s)", self.peer, "accepted" if self._binding else "dialled")
+        return sock
+
+    def _accept(self, deadline: float, timeout: float, doing: str) -> socket.socket:
+        assert self._listener is not None
+        while True:
+            try:
+                sock, addr = self._listener.accept()
+                log.debug("accepted %s on %s", addr, self.endpoint)
+                return sock
+            except BlockingIOError:
+                pass
+            if not self._poll(self._listener, select.POLLIN, deadline):
+                raise TransportTimeout(
+                    f"could not {doing} {self.peer} within {timeout:g} s: no peer connected to {self.endpoint}"
+                )
+
+    def _connect(self, deadline: float, timeout: float, doing: str) -> socket.socket:
+        last: OSError | None = None
+        while True:
+            for family, addr in self._addrs:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                sock.setblocking(False)
+                err = sock.connect_ex(addr)
+                if err in (errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK):
+                    if self._poll(sock, select.POLLOUT, deadline):
+                        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                    else:
+                        err = errno.ETIMEDOUT
+                if err == 0:
+                    return sock
+                sock.close()
+                last = OSError(err, os.strerror(err))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TransportTimeout(
+                    f"could not {doing} {self.peer} within {timeout:g} s: cannot connect ({last}; is it running?)"
+                )
+            time.sleep(min(_RETRY_CONNECT_S, remaining))
+
+    def _poll(self, sock: socket.socket, events: int, deadline: float) -> bool:
+        """Wait until ``sock`` is ready for ``events``; False once ``deadline`` passes."""
+        poller = self._pollers.get(events) if sock is self._sock else None
+        if poller is None:
+            poller = select.poll()
+            poller.register(sock, events)
+            if sock is self._sock:
+                self._pollers[events] = poller
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            # Round up: poll(0) would spin for the last fraction of a millisecond.
+            if poller.poll(math.ceil(remaining * 1000)):
+                return True
+
+    def _drop(self) -> None:
+        """Forget the connection and any partial message: the stream can no longer be trusted."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._pollers = {}
+        self._rpos = self._rend = 0
+        self._reset_message()
+
+    def _gone(self, detail: str = "") -> PeerGone:
+        partial = self._partial_bytes() + (self._rend - self._rpos)
+        self._drop()
+        where = f" in the middle of a message ({partial} bytes of it received)" if partial else ""
+        return PeerGone(f"{self.peer} closed the connection{where}{detail}")
+
+    # -- sending --------------------------------------------------------------------
+    def _send_frames(self, frames: list[Any], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        sock = self._connection(deadline, timeout, "send to")
+        views = [_byte_view(f) for f in frames]
+        buffers: list[Any] = [_COUNT_AND_LENGTH.pack(len(views), len(views[0])) if views else _COUNT.pack(0)]
+        for i, view in enumerate(views):
+            if i:
+                buffers.append(_LENGTH.pack(len(view)))
+            if len(view):
+                buffers.append(view)
+        total = sum(len(b) for b in buffers)
+        sent = 0
+        first = 0
+        while first < len(buffers):
+            try:
+                n = sock.sendmsg(buffers[first : first + _IOV_MAX], (), _SEND_FLAGS)
+            except BlockingIOError:
+                n = 0
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise self._gone(f" ({exc.strerror}) while we sent {sent} of {total} bytes") from None
+            sent += n
+            # Skip what went out; a buffer sent in part continues from a slice (no copy).
+            while n:
+                size = len(buffers[first])
+                if n >= size:
+                    n -= size
+                    first += 1
+                else:
+                    buffers[first] = memoryview(buffers[first])[n:]
+                    n = 0
+            if first < len(buffers) and sent < total and not self._poll(sock, select.POLLOUT, deadline):
+                if sent == 0:
+                    raise TransportTimeout(f"could not send to {self.peer} within {timeout:g} s (is it reading?)")
+                self._drop()
+                raise TransportTimeout(
+                    f"could not send to {self.peer} within {timeout:g} s: {sent} of {total} bytes of the message "
+                    "went out, so the stream is out of sync and the connection was dropped"
+                )
+
+    # -- receiving ------------------------------------------------------------------
+    def _reset_message(self) -> None:
+        self._nframes: int | None = None
+        self._frames: list[bytearray] = []
+        self._current: memoryview | None = None
+        self._filled = 0
+        self._message_bytes = 0
+
+    def _partial_bytes(self) -> int:
+        if self._nframes is None:
+            return 0
+        done = self._frames[:-1] if self._current is not None else self._frames
+        return _COUNT.size + _LENGTH.size * len(self._frames) + sum(map(len, done)) + (self._filled if self._current is not None else 0)
+
+    def _out_of_sync(self, what: str, expected: str, got: str) -> ProtocolError:
+        self._drop()
+        return ProtocolError(
+            f"from {self.peer}: {what}: expected {expected}, got {got}; "
+            "the byte stream is out of sync, connection dropped"
+        )
+
+    def _read_into(self, sock: socket.socket, view: memoryview, deadline: float, timeout: float) -> int:
+        while True:
+            try:
+                n = sock.recv_into(view)
+            except BlockingIOError:
+                n = -1
+            except ConnectionResetError:
+                raise self._gone(" (connection reset)") from None
+            if n > 0:
+                return n
+            if n == 0:
+                raise self._gone()
+            if not self._poll(sock, select.POLLIN, deadline):
+                partial = self._partial_bytes() + (self._rend - self._rpos)
+                kept = f" ({partial} bytes of a message kept for the next recv)" if partial else ""
+                raise TransportTimeout(f"no message from {self.peer} within {timeout:g} s{kept}")
+
+    def _fill(self, sock: socket.socket, deadline: float, timeout: float) -> None:
+        # Frame bytes are consumed as soon as they arrive, so what is left here is at
+        # most a partial length prefix (< 8 bytes): moving it to the front is cheap.
+        left = self._rend - self._rpos
+        if self._rpos:
+            self._staging[:left] = bytes(self._sview[self._rpos : self._rend])
+            self._rpos, self._rend = 0, left
+        self._rend += self._read_into(sock, self._sview[self._rend :], deadline, timeout)
+
+    def _recv_frames(self, timeout: float) -> Sequence[Any]:
+        deadline = time.monotonic() + timeout
+        sock = self._connection(deadline, timeout, "receive from")
+        limits = self.limits
+        while True:
+            avail = self._rend - self._rpos
+            current = self._current
+            if current is not None:
+                need = len(current) - self._filled
+                if avail:
+                    n = min(need, avail)
+                    current[self._filled : self._filled + n] = self._sview[self._rpos : self._rpos + n]
+                    self._rpos += n
+                    self._filled += n
+                elif need >= _DIRECT_BYTES:
+                    self._filled += self._read_into(sock, current[self._filled :], deadline, timeout)
+                else:
+                    self._fill(sock, deadline, timeout)
+                if self._filled == len(current):
+                    self._current = None
+                continue
+            if self._nframes is None:
+                if avail < _COUNT.size:
+                    self._fill(sock, deadline, timeout)
+                    continue
+                (count,) = _COUNT.unpack_from(self._staging, self._rpos)
+                if not 1 <= count <= limits.max_tensors + 1:
+                    raise self._out_of_sync(
+                        "frame count", f"1 to {limits.max_tensors + 1} (header + at most {limits.max_tensors} tensors)", str(count)
+                    )
+                self._rpos += _COUNT.size
+                self._nframes = count
+                continue
+            if len(self._frames) == self._nframes:
+                frames = self._frames
+                self._reset_message()
+                return frames
+            if avail < _LENGTH.size:
+                self._fill(sock, deadline, timeout)
+                continue
+            (length,) = _LENGTH.unpack_from(self._staging, self._rpos)
+            index = len(self._frames)
+            cap = limits.max_header_bytes if index == 0 else limits.max_tensor_bytes
+            if length > cap:
+                what = "header frame length" if index == 0 else f"frame #{index} length"
+                raise self._out_of_sync(what, f"at most {cap} bytes", f"{length} bytes")
+            if self._message_bytes + length > limits.max_message_bytes:
+                raise self._out_of_sync(
+                    "message size", f"at most {limits.max_message_bytes} bytes", f"more than {self._message_bytes + length} bytes"
+                )
+            self._rpos += _LENGTH.size
+            self._message_bytes += length
+            # A fresh bytearray per frame: writable and malloc-aligned, so decode can wrap it without a copy.
+            frame = bytearray(length)
+            self._frames.append(frame)
+            if length:
+                self._current = memoryview(frame)
+                self._filled = 0
+
+    def _close(self) -> None:
+        self._drop()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+
+def _byte_view(frame: Any) -> memoryview:
+    view = frame if isinstance(frame, memoryview) else memoryview(frame)
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
+    return view

@@ -1,0 +1,118 @@
+"""Bad input gets a clear error, and no stage hangs when its peer misbehaves."""
+
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from splitrl.cli import free_port_pair
+from splitrl.envs import EnvSpec
+from splitrl.settings import EnvSettings, PPOSettings, RunOptions, TrainSettings
+from splitrl.stages import Stage1, prepare
+from splitrl.transport import ProtocolError, ZmqTransport
+from splitrl.transport.wire import Message
+
+from ..conftest import TINY, child_env, splitrl_cmd
+
+
+def run(*args, timeout=60):
+    return subprocess.run(splitrl_cmd(*args), env=child_env(), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    "env_id, expected",
+    [("NoSuchEnv-v0", "doesn't exist"), ("CartPole-v1", "cannot be used with this observation pipeline")],
+)
+def test_unusable_env_is_refused_before_any_socket_opens(tmp_path, env_id, expected):
+    with pytest.raises(ValueError, match=expected):
+        prepare(TrainSettings(env=EnvSettings(env_id=env_id)), RunOptions(run_dir=str(tmp_path)), "stage0")
+    # The endpoint is unreachable: had stage0 tried the link, it would report a timeout instead.
+    result = run("stage0", "--env-id", env_id, "--connect", "tcp://127.0.0.1:9", "--start-timeout", "30")
+    assert result.returncode == 2
+    assert env_id in result.stderr and expected in result.stderr
+
+
+def test_every_invalid_setting_is_reported_at_once():
+    result = run("train", "--num-steps", "0", "--epochs", "0", "--gamma", "2", "--cut", "middle")
+    assert result.returncode == 2
+    for name in ("--num-steps", "--epochs", "--gamma", "--cut"):
+        assert name in result.stderr
+
+
+def test_unreachable_peer_times_out_with_a_clear_error(tmp_path):
+    port = free_port_pair()
+    start = time.monotonic()
+    result = run("stage0", "--connect", f"tcp://127.0.0.1:{port}", "--start-timeout", "2",
+                 "--run-dir", str(tmp_path), *TINY)
+    assert result.returncode == 1
+    assert "no message from stage1" in result.stderr and "within 2 s" in result.stderr
+    assert time.monotonic() - start < 30
+
+
+def test_settings_mismatch_stops_both_sides_naming_the_setting(tmp_path, spawn):
+    endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
+    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(tmp_path), "--seed", "1", *TINY)
+    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(tmp_path), "--seed", "2", *TINY)
+    code0, out0 = s0.finish(timeout=90)
+    code1, out1 = s1.finish(timeout=30)
+    assert code0 == 1 and code1 == 1
+    for out in (out0, out1):
+        assert "settings differ" in out and "seed: " in out
+
+
+@pytest.mark.parametrize("victim", ["stage0", "stage1"])
+def test_peer_dying_mid_run_makes_the_other_side_exit_nonzero(tmp_path, spawn, victim):
+    endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
+    args = ["--run-dir", str(tmp_path), "--timeout", "3", "--start-timeout", "60",
+            "--total-steps", "4096", "--num-steps", "2048", "--threads", "1"]
+    procs = {
+        "stage1": spawn("stage1", "--bind", endpoint, *args),
+        "stage0": spawn("stage0", "--connect", endpoint, *args),
+    }
+    procs["stage1"].wait_for("stage0 connected", timeout=90)
+    time.sleep(2)  # into the rollout
+    procs[victim].popen.send_signal(signal.SIGKILL)
+    survivor = procs["stage1" if victim == "stage0" else "stage0"]
+    code, out = survivor.finish(timeout=30)
+    assert code == 1, out
+    assert "within 3 s" in out
+
+
+@pytest.fixture
+def stage1():
+    settings = TrainSettings(env=EnvSettings(num_envs=2), ppo=PPOSettings(num_steps=4, epochs=1, minibatches=2))
+    spec = EnvSpec(obs_shape=(4, 96, 96), action_dim=3, action_low=(-1.0, 0.0, 0.0), action_high=(1.0, 1.0, 1.0))
+    return Stage1(settings, spec)
+
+
+def _msg(kind, header, **tensors):
+    return Message(kind=kind, header=header, tensors=tensors)
+
+
+@pytest.mark.parametrize(
+    "msg, expected",
+    [
+        (_msg("step", {"t": 1}, features=torch.zeros(2, 4096)), "expected t=0"),
+        (_msg("step", {"t": 0}, features=torch.zeros(3, 4096)), "expected torch.float32 \\[2, 4096\\]"),
+        (_msg("step", {"t": 0}, features=torch.zeros(2, 4096, dtype=torch.float16)), "features"),
+        (_msg("step", {"t": 0}), "expected tensor 'features'"),
+        (_msg("train_fwd", {"epoch": 0, "mb": 0}, features=torch.zeros(4, 4096)), "expected minibatch"),
+        (_msg("rollout_end", {}, features=torch.zeros(2, 4096)), "expected after 4 steps"),
+        (_msg("iter_end", {"iteration": 7}), "expected iteration 1"),
+        (_msg("hello", {}), "expected one of"),
+    ],
+)
+def test_stage1_rejects_out_of_protocol_messages(stage1, msg, expected):
+    with pytest.raises(ProtocolError, match=expected):
+        list(stage1.handle(msg))
+
+
+def test_stage1_rejects_bad_outcome_after_a_good_step(stage1):
+    list(stage1.handle(_msg("step", {"t": 0}, features=torch.zeros(2, 4096))))
+    bad = _msg("step", {"t": 1}, features=torch.zeros(2, 4096), reward=torch.zeros(2),
+               terminated=torch.zeros(2, dtype=torch.bool), truncated=torch.ones(2, dtype=torch.bool),
+               final_features=torch.zeros(1, 4096), final_index=torch.tensor([5]))
+    with pytest.raises(ProtocolError, match="final_index"):
+        list(stage1.handle(bad))
