@@ -225,6 +225,15 @@ def run(settings: TrainSettings, options: RunOptions) -> None:
     sys.exit(code)
 
 
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+def curve(run_dir: str) -> None:
+    """Print a run's learning curve (per iteration) as a markdown table."""
+    from .stages.curve import curve_table
+
+    click.echo(_run_cli(lambda: curve_table(run_dir)))
+
+
 @main.group()
 def bench() -> None:
     """Benchmarks (not tests): transports, end to end."""

@@ -9,8 +9,9 @@ Each measured message carries one bfloat16 tensor of ``size`` bytes. Transports:
 
 Endpoint kinds: ``tcp`` (loopback) and ``ipc`` put the peer in a separate process
 started with 'spawn', as the real stages are; ``inproc`` (ZeroMQ only) puts it in a
-thread of this process. Both raw and framed ZeroMQ use the same high-water mark
-and linger, so the comparison isolates framing, encoding and decoding.
+thread of this process, so its numbers include GIL hand-offs between the two
+threads. Both raw and framed ZeroMQ use the same high-water mark and linger, so
+the comparison isolates framing, encoding and decoding.
 """
 
 from __future__ import annotations
@@ -173,7 +174,6 @@ def _serve(config: dict[str, Any], ctrl: Connection) -> None:
 
 
 def _peer_process_main(config: dict[str, Any], ctrl: Connection) -> None:
-    logging.basicConfig(level=logging.WARNING)
     _serve(config, ctrl)
 
 
@@ -243,81 +243,79 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[index]
 
 
-def _bench_combination(
-    transport: str, endpoint_kind: str, sizes: Sequence[int], seconds: float, warmup: int
-) -> list[dict[str, Any]]:
-    tmpdir = tempfile.mkdtemp(prefix="splitrl-bench-") if endpoint_kind == "ipc" else None
-    if endpoint_kind == "tcp":
-        base = "tcp://127.0.0.1:0"
-    elif endpoint_kind == "ipc":
-        base = f"ipc://{tmpdir}/link"
-    else:
-        base = f"inproc://splitrl-bench-{uuid.uuid4().hex}"
-    config: dict[str, Any] = {"transport": transport}
-    if transport == "raw-zmq":
-        config["to_binder"] = base
-        config["to_peer"] = base if endpoint_kind == "tcp" else base + "-r"
-    else:
-        config["endpoint"] = base
+class _Session:
+    """One measured link: the binding end here, the peer in a spawned process (or a thread for inproc)."""
 
-    link: _Link | None = None
-    process: Any = None
-    thread: threading.Thread | None = None
-    ctrl: Connection | None = None
-    rows: list[dict[str, Any]] = []
-    try:
-        link = _open_link(config, bind=True)
-        if endpoint_kind == "inproc":
-            ctrl, peer_ctrl = multiprocessing.Pipe()
-            thread = threading.Thread(target=_serve, args=(link.config, peer_ctrl), name="bench-peer", daemon=True)
-            thread.start()
+    def __init__(self, transport: str, endpoint_kind: str) -> None:
+        self.transport, self.endpoint_kind = transport, endpoint_kind
+        self.link: _Link | None = None
+        self.ctrl: Connection | None = None
+        self.process: Any = None
+        self.thread: threading.Thread | None = None
+        self.tmpdir = tempfile.mkdtemp(prefix="splitrl-bench-") if endpoint_kind == "ipc" else None
+
+    def start(self) -> None:
+        """Bind and launch the peer; `wait_ready` completes the start (so peers can boot in parallel)."""
+        if self.endpoint_kind == "tcp":
+            base = "tcp://127.0.0.1:0"
+        elif self.endpoint_kind == "ipc":
+            base = f"ipc://{self.tmpdir}/link"
+        else:
+            base = f"inproc://splitrl-bench-{uuid.uuid4().hex}"
+        config: dict[str, Any] = {"transport": self.transport}
+        if self.transport == "raw-zmq":
+            config["to_binder"] = base
+            config["to_peer"] = base if self.endpoint_kind == "tcp" else base + "-r"
+        else:
+            config["endpoint"] = base
+        self.link = _open_link(config, bind=True)
+        if self.endpoint_kind == "inproc":
+            self.ctrl, peer_ctrl = multiprocessing.Pipe()
+            self.thread = threading.Thread(target=_serve, args=(self.link.config, peer_ctrl), name="bench-peer", daemon=True)
+            self.thread.start()
         else:
             spawn = multiprocessing.get_context("spawn")
-            ctrl, peer_ctrl = spawn.Pipe()
-            process = spawn.Process(target=_peer_process_main, args=(link.config, peer_ctrl), daemon=True)
-            process.start()
+            self.ctrl, peer_ctrl = spawn.Pipe()
+            self.process = spawn.Process(target=_peer_process_main, args=(self.link.config, peer_ctrl), daemon=True)
+            self.process.start()
             peer_ctrl.close()
-        _expect(ctrl, "ready", START_TIMEOUT_S)
-        for size in sizes:
-            tensor = torch.randn(size // 2, generator=torch.Generator().manual_seed(size)).to(torch.bfloat16)
-            payload = link.payload(tensor)
-            rtts = sorted(_round_trips(link, ctrl, payload, seconds, warmup))
-            elapsed, count = _throughput(link, ctrl, payload, seconds)
-            row = {
-                "transport": transport,
-                "endpoint": endpoint_kind,
-                "size": size,
-                "throughput_MBps": count * size / elapsed / 1e6,
-                "msgs_per_s": count / elapsed,
-                "rtt_us_median": statistics.median(rtts),
-                "rtt_us_p99": _percentile(rtts, 0.99),
-            }
-            log.info("%s", row)
-            rows.append(row)
-    finally:
-        if ctrl is not None:
+
+    def wait_ready(self) -> None:
+        assert self.ctrl is not None
+        _expect(self.ctrl, "ready", START_TIMEOUT_S)
+
+    def measure(self, tensor: torch.Tensor, seconds: float, warmup: int) -> tuple[float, int, list[float]]:
+        """(elapsed, messages) of a throughput run and the round-trip samples of a ping-pong run."""
+        assert self.link is not None and self.ctrl is not None
+        payload = self.link.payload(tensor)
+        rtts = _round_trips(self.link, self.ctrl, payload, seconds, warmup)
+        elapsed, count = _throughput(self.link, self.ctrl, payload, seconds)
+        return elapsed, count, rtts
+
+    def close(self) -> None:
+        """Stop the peer (killing it if it does not exit) and release everything; never raises."""
+        if self.ctrl is not None:
             try:
-                ctrl.send("stop")
+                self.ctrl.send("stop")
             except OSError:
                 pass
-        if process is not None and process.pid is not None:  # pid is None if start() failed
-            process.join(5.0)
-            if process.is_alive():
-                process.terminate()
-                process.join(2.0)
-            if process.is_alive():
-                process.kill()
-                process.join(2.0)
-        if thread is not None:
+        if self.process is not None and self.process.pid is not None:  # pid is None if start() failed
+            self.process.join(5.0)
+            if self.process.is_alive():
+                self.process.terminate()
+                self.process.join(2.0)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(2.0)
+        if self.thread is not None:
             # The thread's receives time out after DATA_TIMEOUT_S, so this join is bounded.
-            thread.join(DATA_TIMEOUT_S + 5.0)
-        if link is not None:
-            link.close()
-        if ctrl is not None:
-            ctrl.close()
-        if tmpdir is not None:
-            shutil.rmtree(tmpdir, ignore_errors=True)
-    return rows
+            self.thread.join(DATA_TIMEOUT_S + 5.0)
+        if self.link is not None:
+            self.link.close()
+        if self.ctrl is not None:
+            self.ctrl.close()
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 def _combinations(transports: Iterable[str], endpoints: Iterable[str]) -> list[tuple[str, str]]:
@@ -339,14 +337,18 @@ def run_transport_bench(
     endpoints: Sequence[str] = ENDPOINTS,
     seconds: float = 1.0,
     quick: bool = False,
+    rounds: int = 5,
 ) -> list[dict[str, Any]]:
     """Measure every sensible (transport, endpoint) pair at every message size.
 
     Returns one row per (transport, endpoint, size) with ``throughput_MBps``
     (tensor payload, 10**6 bytes per second; framing headers not counted),
     ``msgs_per_s``, and the round-trip time's ``rtt_us_median`` and ``rtt_us_p99``
-    in microseconds. Each of the two measurements runs for about ``seconds``;
-    ``quick`` cuts that to a few tens of milliseconds for tests.
+    in microseconds. Each of the two measurements gets about ``seconds`` per
+    (pair, size), split into ``rounds`` slices that visit all pairs in turn, so
+    a burst of background load hits the baseline and the others alike;
+    throughput is the median over slices, round trips are pooled. ``quick``
+    cuts everything to one slice of a few tens of milliseconds, for tests.
 
     Peers for tcp and ipc are started with 'spawn', which re-imports the calling
     script: call this from a function or under ``if __name__ == "__main__":``.
@@ -356,14 +358,49 @@ def run_transport_bench(
         raise ValueError(f"sizes must be even byte counts >= 2 (bfloat16 elements), got {list(sizes)}")
     if not seconds > 0:
         raise ValueError(f"seconds must be > 0, got {seconds!r}")
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
     pairs = _combinations(transports, endpoints)
     if quick:
-        seconds, warmup = min(seconds, 0.03), 3
+        rounds, slice_s, warmup = 1, min(seconds, 0.03), 3
     else:
-        warmup = _WARMUP
+        slice_s, warmup = seconds / rounds, _WARMUP
+    sessions = [_Session(t, e) for t, e in pairs]
+    throughputs: dict[tuple[int, int], list[tuple[float, int]]] = {}
+    rtts: dict[tuple[int, int], list[float]] = {}
+    try:
+        for session in sessions:
+            session.start()
+        for session in sessions:
+            session.wait_ready()
+        for round_index in range(rounds):
+            for size in sizes:
+                tensor = torch.randn(size // 2, generator=torch.Generator().manual_seed(size)).to(torch.bfloat16)
+                for i, session in enumerate(sessions):
+                    elapsed, count, samples = session.measure(tensor, slice_s, warmup)
+                    throughputs.setdefault((i, size), []).append((elapsed, count))
+                    rtts.setdefault((i, size), []).extend(samples)
+            log.info("transport bench: round %d of %d done", round_index + 1, rounds)
+    finally:
+        for session in sessions:
+            session.close()
+
     rows: list[dict[str, Any]] = []
-    for transport, endpoint_kind in pairs:
-        rows += _bench_combination(transport, endpoint_kind, list(sizes), seconds, warmup)
+    for i, (transport, endpoint_kind) in enumerate(pairs):
+        for size in sizes:
+            rate = statistics.median(count / elapsed for elapsed, count in throughputs[(i, size)])
+            samples = sorted(rtts[(i, size)])
+            rows.append(
+                {
+                    "transport": transport,
+                    "endpoint": endpoint_kind,
+                    "size": size,
+                    "throughput_MBps": rate * size / 1e6,
+                    "msgs_per_s": rate,
+                    "rtt_us_median": statistics.median(samples),
+                    "rtt_us_p99": _percentile(samples, 0.99),
+                }
+            )
     order = {name: i for i, name in enumerate(TRANSPORTS)}
     rows.sort(key=lambda r: (r["size"], ENDPOINTS.index(r["endpoint"]), order[r["transport"]]))
     return rows

@@ -16,7 +16,7 @@ import zmq
 
 from .base import Transport
 from .errors import TransportTimeout
-from .wire import WireLimits
+from .wire import WireLimits, frame_nbytes
 
 __all__ = ["ZmqTransport", "paired_endpoint", "DEFAULT_HWM"]
 
@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 DEFAULT_HWM = 16
 """Messages queued per socket before a send blocks. The stages exchange messages in
 lock step, so a short queue suffices and bounds memory at 16 x the largest message."""
+
+_ZERO_COPY_BYTES = zmq.COPY_THRESHOLD
+"""Frames at least this large are sent zero-copy; smaller ones are cheaper to copy."""
 
 _TCP_RE = re.compile(r"tcp://(?P<host>\[[^\]]+\]|[^:/]+):(?P<port>\d+|\*)\Z")
 
@@ -109,8 +112,14 @@ class ZmqTransport(Transport):
         if timeout != self._sndtimeo:
             self._push.setsockopt(zmq.SNDTIMEO, max(0, int(timeout * 1000)))
             self._sndtimeo = timeout
+        push, last = self._push, len(frames) - 1
         try:
-            self._push.send_multipart(frames, copy=False)
+            # Only the first part can block or time out: ZeroMQ queues the rest of a
+            # multipart message unconditionally, so this stays atomic. One send per
+            # frame skips send_multipart's per-frame type checks; small frames are
+            # copied (pyzmq would copy them anyway, after building a Frame object).
+            for i, frame in enumerate(frames):
+                push.send(frame, zmq.SNDMORE if i < last else 0, copy=frame_nbytes(frame) < _ZERO_COPY_BYTES)
         except zmq.Again:
             raise TransportTimeout(f"could not send to {self.peer} within {timeout:g} s (is it running?)") from None
 
@@ -118,10 +127,19 @@ class ZmqTransport(Transport):
         if timeout != self._rcvtimeo:
             self._pull.setsockopt(zmq.RCVTIMEO, max(0, int(timeout * 1000)))
             self._rcvtimeo = timeout
+        pull = self._pull
         try:
-            return self._pull.recv_multipart(copy=False)
+            frame = pull.recv(copy=False)
         except zmq.Again:
             raise TransportTimeout(f"no message from {self.peer} within {timeout:g} s") from None
+        # The other parts are already here: ZeroMQ delivers a multipart message whole.
+        # Frame.more instead of recv_multipart's getsockopt(RCVMORE) (~3 us a part);
+        # memoryviews so decode never hits zmq.Frame's slow attribute hook.
+        frames = [memoryview(frame)]
+        while frame.more:
+            frame = pull.recv(copy=False)
+            frames.append(memoryview(frame))
+        return frames
 
     def _close(self) -> None:
         self._pull.close()

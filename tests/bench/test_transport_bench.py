@@ -51,6 +51,7 @@ def test_format_table_without_baseline_shows_dashes() -> None:
         {"endpoints": ("udp",)},
         {"transports": ("tcp",), "endpoints": ("ipc",)},
         {"seconds": 0},
+        {"rounds": 0},
     ],
 )
 def test_bad_arguments_are_value_errors(kwargs: dict) -> None:

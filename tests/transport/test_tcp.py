@@ -180,6 +180,11 @@ def test_bad_endpoints_are_value_errors(endpoint: str) -> None:
         TcpTransport(endpoint, bind=True)
 
 
+def test_binding_a_port_in_use_is_a_value_error(server: TcpTransport) -> None:
+    with pytest.raises(ValueError, match="cannot bind"):
+        TcpTransport(server.endpoint, bind=True)
+
+
 def test_connecting_to_the_wildcard_host_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="wildcard"):
         TcpTransport("tcp://*:5555", bind=False)

@@ -1,0 +1,38 @@
+"""The learning curve of a run directory as a markdown table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["read_metrics", "curve_table"]
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise ValueError(f"{run_dir}: no metrics.jsonl (is it a splitrl run directory?)")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def curve_table(run_dir: str | Path) -> str:
+    """Per iteration: steps, EMA(0.9) return, mean return of its episodes, steps/s, MB on the link."""
+    rows = read_metrics(run_dir)
+    lines = [
+        "| iteration | global_step | EMA(0.9) return | mean return | episodes | steps/s | MB on the link (cumulative) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        # stage0's meters see both directions of the link
+        total = sum(v for k, v in r.items() if k.startswith("net_total/") and k.endswith("_bytes"))
+        lines.append(
+            f"| {r['iteration']} | {r['global_step']} | {_fmt(r.get('charts/episodic_return_ema'), '.1f')} "
+            f"| {_fmt(r.get('charts/episodic_return'), '.1f')} | {r.get('charts/episodes', 0)} "
+            f"| {r['charts/SPS']:.1f} | {total / 1e6:.0f} |"
+        )
+    return "\n".join(lines)
