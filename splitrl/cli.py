@@ -105,7 +105,7 @@ def _run_cli(what: Callable[[], Any]) -> Any:
         return what()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    except (TransportTimeout, ProtocolError, PeerAbort) as exc:
+    except (TransportTimeout, ProtocolError, PeerAbort, ConnectionError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
@@ -277,6 +277,3 @@ def bench_e2e(iterations: int, repeats: int, out_dir: str | None, json_path: str
         with open(json_path, "w") as f:
             json.dump(rows, f, indent=2)
 
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

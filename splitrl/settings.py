@@ -12,8 +12,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["EnvSettings", "PPOSettings", "TrainSettings", "RunOptions", "CUTS", "doc"]
+__all__ = ["EnvSettings", "PPOSettings", "TrainSettings", "RunOptions", "CUTS", "TRANSPORTS", "doc"]
 
+TRANSPORTS = ("zmq", "tcp")
 CUTS = ("cnn", "input")
 """Where the network is split: after the CNN (the paper's pipeline) or before its
 first layer (the paper's "cloud setup": raw observations cross the link)."""
@@ -163,6 +164,7 @@ class RunOptions:
     start_timeout: float = doc(300.0, "seconds to wait for the peer to appear at start-up")
     checkpoint_every: int = doc(10, "save both stages every N iterations (0: only at the end)")
     threads: int = doc(0, "torch intra-op threads (0: torch's default)")
+    transport: str = doc("zmq", "the link: 'zmq' (ZeroMQ PUSH/PULL) or 'tcp' (plain sockets, same frames); both sides alike")
 
     def errors(self) -> list[str]:
         out = []
@@ -172,6 +174,8 @@ class RunOptions:
             out.append(f"--start-timeout must be > 0, got {self.start_timeout}")
         if self.checkpoint_every < 0:
             out.append(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+        if self.transport not in TRANSPORTS:
+            out.append(f"--transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
         if self.threads < 0:
             out.append(f"--threads must be >= 0, got {self.threads}")
         return out

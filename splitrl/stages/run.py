@@ -14,7 +14,7 @@ import torch
 
 from ..envs import EnvSpec, inspect_env
 from ..settings import RunOptions, TrainSettings
-from ..transport import ZmqTransport
+from ..transport import TcpTransport, Transport, ZmqTransport
 from ..transport.local import LocalTransport
 from .protocol import LIMITS, STAGE0, STAGE1
 from .runlog import RunLog, default_run_dir
@@ -58,10 +58,16 @@ def train_twin(settings: TrainSettings, options: RunOptions) -> list[dict[str, A
     return records
 
 
+def open_link(options: RunOptions, endpoint: str, *, bind: bool, peer: str) -> Transport:
+    """The link to the other stage, as chosen by ``--transport``."""
+    cls = {"zmq": ZmqTransport, "tcp": TcpTransport}[options.transport]
+    return cls(endpoint, bind=bind, timeout=options.timeout, limits=LIMITS, name=peer)
+
+
 def run_stage0(settings: TrainSettings, options: RunOptions, connect: str) -> list[dict[str, Any]]:
     spec, run_log = prepare(settings, options, STAGE0)
     stage0 = Stage0(settings, spec, run_log, checkpoint_every=options.checkpoint_every)
-    with ZmqTransport(connect, bind=False, timeout=options.timeout, limits=LIMITS, name=f"stage1 at {connect}") as link:
+    with open_link(options, connect, bind=False, peer=f"stage1 at {connect}") as link:
         log.info("[stage0] connecting to stage1 at %s", connect)
         return stage0.run(link, start_timeout=options.start_timeout)
 
@@ -69,6 +75,6 @@ def run_stage0(settings: TrainSettings, options: RunOptions, connect: str) -> li
 def run_stage1(settings: TrainSettings, options: RunOptions, bind: str) -> int:
     spec, run_log = prepare(settings, options, STAGE1)
     stage1 = Stage1(settings, spec, run_log)
-    with ZmqTransport(bind, bind=True, timeout=options.timeout, limits=LIMITS, name="stage0") as link:
-        log.info("[stage1] listening on %s (and %s)", link.endpoint, "the next port" if link.endpoint.startswith("tcp") else "-r")
+    with open_link(options, bind, bind=True, peer="stage0") as link:
+        log.info("[stage1] listening on %s (%s)", link.endpoint, options.transport)
         return Stage1Server(stage1, link).serve(start_timeout=options.start_timeout, timeout=options.timeout)

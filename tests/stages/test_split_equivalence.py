@@ -55,10 +55,10 @@ def _metrics(run_dir):
     return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "charts/SPS"} for r in rows]
 
 
-@pytest.mark.parametrize("cut", ["cnn", "input"])
-def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, cut):
+@pytest.mark.parametrize("cut, transport", [("cnn", "zmq"), ("input", "zmq"), ("cnn", "tcp")])
+def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, cut, transport):
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
-    args = TINY + ["--cut", cut, "--timeout", "60", "--start-timeout", "60"]
+    args = TINY + ["--cut", cut, "--transport", transport, "--timeout", "60", "--start-timeout", "60"]
     split_dir, twin_dir = tmp_path / "split", tmp_path / "twin"
     s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(split_dir), *args)
     s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(split_dir), *args)
