@@ -108,11 +108,17 @@ class Stage1:
         }.get(msg.kind)
         if handler is None:
             raise ProtocolError(f"stage1: expected one of step, rollout_end, train_fwd, iter_end, got {msg.kind!r}")
-        start = time.perf_counter()
-        try:
-            yield from handler(msg)
-        finally:
-            self.compute_seconds += time.perf_counter() - start
+        # Time only our own work: not the sends the caller does while we are suspended.
+        replies = handler(msg)
+        while True:
+            start = time.perf_counter()
+            try:
+                reply = next(replies)
+            except StopIteration:
+                return
+            finally:
+                self.compute_seconds += time.perf_counter() - start
+            yield reply
 
     def _on_step(self, msg: Message) -> Iterator[Reply]:
         t = msg.header.get("t")
