@@ -11,9 +11,11 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
-## run: local split training, stage1 and stage0 as two processes over loopback
+## run: local split training, stage1 and stage0 as two processes over loopback.
+## Two paper-sized iterations (a few minutes on 2 cores); override with ARGS=...
+RUN_ARGS ?= --total-steps 8192
 run: $(STAMP)
-	$(BIN)/splitrl run $(ARGS)
+	$(BIN)/splitrl run $(RUN_ARGS) $(ARGS)
 
 ## test: the test suite (what CI runs)
 test: $(STAMP)
