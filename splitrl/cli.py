@@ -170,9 +170,7 @@ def free_port_pair(host: str = "127.0.0.1") -> int:
 
 def launch_split(settings: TrainSettings, options: RunOptions, grace: float = 15.0) -> int:
     """Start stage1 and stage0 as two processes over loopback; stop both on any exit path."""
-    settings.validate()
-    if options.errors():
-        raise ValueError("invalid settings:\n  - " + "\n  - ".join(options.errors()))
+    settings.validate(options)
     if not options.run_dir:
         from .stages.runlog import default_run_dir
 

@@ -85,10 +85,6 @@ class PPOSettings:
                 out.append(f"--{name.replace('_', '-')} must be > 0, got {value}")
         return out
 
-    @property
-    def batch_size(self) -> int:  # per env; multiply by num_envs
-        return self.num_steps
-
 
 @dataclass(frozen=True)
 class TrainSettings:
@@ -108,10 +104,6 @@ class TrainSettings:
     def num_iterations(self) -> int:
         return self.total_steps // self.steps_per_iteration
 
-    @property
-    def minibatch_size(self) -> int:
-        return self.steps_per_iteration // self.ppo.minibatches
-
     def errors(self) -> list[str]:
         out = self.env.errors() + self.ppo.errors(self.env.num_envs)
         if self.cut not in CUTS:
@@ -125,9 +117,9 @@ class TrainSettings:
             )
         return out
 
-    def validate(self) -> "TrainSettings":
-        """Raise one ValueError listing every problem, or return self."""
-        problems = self.errors()
+    def validate(self, options: "RunOptions | None" = None) -> "TrainSettings":
+        """Raise one ValueError listing every problem (with ``options``' too), or return self."""
+        problems = self.errors() + (options.errors() if options is not None else [])
         if problems:
             raise ValueError("invalid settings:\n  - " + "\n  - ".join(problems))
         return self

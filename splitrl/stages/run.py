@@ -28,9 +28,7 @@ log = logging.getLogger(__name__)
 
 def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[EnvSpec, RunLog]:
     """Check everything before any socket opens; set threads; write config.json."""
-    problems = settings.errors() + options.errors()
-    if problems:
-        raise ValueError("invalid settings:\n  - " + "\n  - ".join(problems))
+    settings.validate(options)
     spec = inspect_env(settings.env)
     if options.threads:
         torch.set_num_threads(options.threads)

@@ -52,7 +52,6 @@ class Stage1:
         n, t = settings.env.num_envs, ppo.num_steps
         self.buffer = RolloutBuffer(t, n, spec.action_dim)
         self.trains_alone = not any(True for _ in stage0_net.parameters())
-        self.input_shape = tuple(spec.obs_shape) if self.trains_alone else None
         self.inputs = torch.zeros((t, n) + spec.obs_shape, dtype=torch.uint8) if self.trains_alone else None
         self.feature_dim = self.heads.critic[0].in_features
         self.step = 0
