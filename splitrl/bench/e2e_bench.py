@@ -7,12 +7,13 @@ benchmark measures exactly what a user runs.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Sequence
+
+from ..stages.curve import read_metrics
 
 __all__ = ["run_e2e_bench", "format_e2e_table", "PAPER_SECONDS_PER_ITERATION"]
 
@@ -27,7 +28,7 @@ def _run_mode(mode: str, run_dir: Path, args: Sequence[str], timeout: float) -> 
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise RuntimeError(f"{mode} run failed ({result.returncode}):\n{result.stderr[-3000:]}")
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return read_metrics(run_dir)
 
 
 def run_e2e_bench(

@@ -128,7 +128,7 @@ class Stage0:
         ppo = self.settings.ppo
         flat = self.obs.reshape((-1,) + self.spec.obs_shape)
         schedule = minibatch_schedule(self.settings.seed, iteration, ppo.epochs, flat.shape[0], ppo.minibatches)
-        params = [p for p in self.net.parameters()]
+        params = list(self.net.parameters())
         for epoch, minibatches in enumerate(schedule):
             for mb, idx in enumerate(minibatches):
                 start = time.perf_counter()
