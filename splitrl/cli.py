@@ -15,14 +15,25 @@ from typing import Any, Callable
 
 import click
 
-from .settings import EnvSettings, PPOSettings, RunOptions, TrainSettings
+from .settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, TrainSettings
 from .transport import PeerAbort, ProtocolError, TransportTimeout
 
 __all__ = ["main"]
 
 log = logging.getLogger(__name__)
 
-_SECTIONS: tuple[tuple[str | None, type], ...] = ((None, TrainSettings), ("env", EnvSettings), ("ppo", PPOSettings))
+_SECTIONS: tuple[tuple[str | None, type], ...] = (
+    (None, TrainSettings), ("env", EnvSettings), ("ppo", PPOSettings), ("codecs", CodecSettings)
+)
+
+
+def _help(f: dataclasses.Field) -> str:
+    text = f.metadata["help"]
+    if f.name.startswith("codec_"):
+        from .codecs import CODECS
+
+        text += f"; one of {', '.join(CODECS)}, optionally NAME:key=value,... and +zstd (details: splitrl codecs)"
+    return text
 
 
 def _option_name(field_name: str) -> str:
@@ -37,10 +48,10 @@ def _click_options(cls: type) -> list[Callable]:
         name = _option_name(f.name)
         if f.type in (bool, "bool"):
             decl = f"{name}/--no-{name[2:]}"
-            out.append(click.option(decl, f.name, default=f.default, show_default=True, help=f.metadata["help"]))
+            out.append(click.option(decl, f.name, default=f.default, show_default=True, help=_help(f)))
         else:
             kind = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
-            out.append(click.option(name, f.name, type=kind, default=f.default, show_default=True, help=f.metadata["help"]))
+            out.append(click.option(name, f.name, type=kind, default=f.default, show_default=True, help=_help(f)))
     return out
 
 
@@ -53,9 +64,9 @@ def training_options(func: Callable) -> Callable:
         def take(cls: type) -> Any:
             return cls(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(cls) if "help" in f.metadata})
 
-        env, ppo = take(EnvSettings), take(PPOSettings)
+        env, ppo, codecs = take(EnvSettings), take(PPOSettings), take(CodecSettings)
         top = {f.name: kwargs.pop(f.name) for f in dataclasses.fields(TrainSettings) if "help" in f.metadata}
-        settings = TrainSettings(env=env, ppo=ppo, **top)
+        settings = TrainSettings(env=env, ppo=ppo, codecs=codecs, **top)
         return func(settings=settings, options=take(RunOptions), **kwargs)
 
     for option in reversed(options):
@@ -69,6 +80,7 @@ def settings_to_args(settings: TrainSettings, options: RunOptions) -> list[str]:
     pairs = [(f, getattr(settings, f.name)) for f in dataclasses.fields(settings) if "help" in f.metadata]
     pairs += [(f, getattr(settings.env, f.name)) for f in dataclasses.fields(settings.env)]
     pairs += [(f, getattr(settings.ppo, f.name)) for f in dataclasses.fields(settings.ppo)]
+    pairs += [(f, getattr(settings.codecs, f.name)) for f in dataclasses.fields(settings.codecs)]
     pairs += [(f, getattr(options, f.name)) for f in dataclasses.fields(options)]
     for f, value in pairs:
         name = _option_name(f.name)
@@ -232,6 +244,14 @@ def curve(run_dir: str) -> None:
     click.echo(_run_cli(lambda: curve_table(run_dir)))
 
 
+@main.command("codecs")
+def codecs_cmd() -> None:
+    """List the wire codecs, the streams each can carry, and their parameters."""
+    from .codecs import catalogue
+
+    click.echo(catalogue())
+
+
 @main.group()
 def bench() -> None:
     """Benchmarks (not tests): transports, end to end."""
@@ -252,6 +272,54 @@ def bench_transport(seconds: float, quick: bool, json_path: str | None) -> None:
     if json_path:
         with open(json_path, "w") as f:
             json.dump(rows, f, indent=2)
+
+
+@bench.command("codecs")
+@click.option("--num-steps", default=512, show_default=True, help="rollout length of the captured iteration")
+@click.option("--epochs", default=3, show_default=True, help="training epochs captured")
+@click.option("--minibatches", default=4, show_default=True, help="minibatches per epoch (512 / 4 = the paper's 128)")
+@click.option("--from", "from_run", type=click.Path(exists=True, file_okay=False),
+              help="start both stages from this run directory's newest checkpoints (a trained agent)")
+@click.option("--codec", "extra", multiple=True, metavar="STREAM=SPEC",
+              help="measure only these (repeatable), e.g. bwd=ef:density=0.02")
+@click.option("--threads", default=0, show_default=True, help="torch intra-op threads (0: torch's default)")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
+def bench_codecs(num_steps: int, epochs: int, minibatches: int, from_run: str | None, extra: tuple[str, ...],
+                 threads: int, json_path: str | None) -> None:
+    """Every codec on activations and gradients captured from a short CarRacing training."""
+    from .bench.codec_bench import DEFAULT_SPECS, PIPELINES, capture, format_codec_table, pipeline_table, run_codec_bench
+
+    def go() -> None:
+        specs: dict[str, list[str]] | None = None
+        if extra:
+            specs = {}
+            for item in extra:
+                stream, eq, spec = item.partition("=")
+                if not eq or stream not in ("rollout", "fwd", "bwd"):
+                    raise click.BadParameter(f"{item!r}: expected STREAM=SPEC with STREAM rollout, fwd or bwd")
+                specs.setdefault(stream, []).append(spec)
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        cap = capture(num_steps, epochs, minibatches, checkpoint_dir=from_run)
+        if specs is None:  # the full table also covers every pipeline's codecs
+            specs = {stream: list(names) for stream, names in DEFAULT_SPECS.items()}
+            for streams in PIPELINES.values():
+                for stream, spec in streams.items():
+                    if spec not in specs[stream]:
+                        specs[stream].append(spec)
+        rows = run_codec_bench(cap, specs)
+        click.echo(format_codec_table(rows))
+        click.echo(f"\nPer env step over a whole iteration ({10} epochs, 4096 features), from the rates above:\n")
+        click.echo(pipeline_table(cap, rows))
+        if json_path:
+            import json
+
+            with open(json_path, "w") as fh:
+                json.dump(rows, fh, indent=1)
+
+    _run_cli(go)
 
 
 @bench.command("e2e")

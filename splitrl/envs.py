@@ -11,7 +11,7 @@ from gymnasium.vector import AutoresetMode
 
 from .settings import EnvSettings
 
-__all__ = ["EnvSpec", "make_single_env", "make_vector_env", "inspect_env", "to_chw"]
+__all__ = ["EnvSpec", "make_single_env", "make_vector_env", "to_env_action", "inspect_env", "to_chw"]
 
 
 @dataclass(frozen=True)
@@ -40,16 +40,44 @@ def make_single_env(settings: EnvSettings) -> gym.Env:
     return env
 
 
-def make_vector_env(settings: EnvSettings) -> gym.vector.VectorEnv:
+def make_vector_env(settings: EnvSettings, *, reward_gamma: float | None = None, reward_clip: float = 0.0) -> gym.vector.VectorEnv:
     """``num_envs`` environments with episode statistics.
 
     Same-step autoreset: the step that ends an episode returns the next episode's
     first observation and puts the real last one in ``info["final_obs"]``, which
     is what bootstrapping a time-limit truncation needs.
+
+    With ``reward_gamma`` the learner sees rewards scaled by gymnasium's
+    NormalizeReward (then clipped to +-``reward_clip`` when > 0), as in CleanRL's
+    continuous PPO; the episode statistics sit inside it, so they record the raw
+    returns.
     """
     thunks: list[Callable[[], gym.Env]] = [lambda: make_single_env(settings)] * settings.num_envs
     envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=AutoresetMode.SAME_STEP)
-    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    if reward_gamma is not None:
+        envs = gym.wrappers.vector.NormalizeReward(envs, gamma=reward_gamma)
+        if reward_clip > 0:
+            envs = gym.wrappers.vector.ClipReward(envs, -reward_clip, reward_clip)
+    return envs
+
+
+def to_env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray, mode: str) -> np.ndarray:
+    """Policy actions in [-1, 1] (B, A) to the env's Box [low, high], float32.
+
+    'affine' maps [-1, 1] onto [low, high], so the policy's initial mean lands mid-range:
+    for CarRacing that is half gas *and half brake*. 'clip' scales by max(|low|, |high|)
+    and clips, so 0 stays 0 (steering straight, no gas, no brake) and every action in the
+    range, including its bounds, is reached by a finite pre-tanh action.
+    """
+    a = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
+    if mode == "affine":
+        out = low + (a + 1.0) * (high - low) / 2.0
+    elif mode == "clip":
+        out = np.clip(a * np.maximum(np.abs(low), np.abs(high)), low, high)
+    else:
+        raise ValueError(f"unknown action map {mode!r}")
+    return out.astype(np.float32)
 
 
 def to_chw(obs: np.ndarray, stacked: bool) -> np.ndarray:

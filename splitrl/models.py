@@ -51,7 +51,7 @@ class ActorCriticHeads(nn.Module):
     clamped to [-5, 2]; actions are handled pre-tanh (see `TanhGaussian`).
     """
 
-    def __init__(self, trunk: nn.Module, feature_dim: int, action_dim: int, hidden: int = 512) -> None:
+    def __init__(self, trunk: nn.Module, feature_dim: int, action_dim: int, hidden: int = 512, init_log_std: float = 0.0) -> None:
         super().__init__()
         self.trunk = trunk
         self.critic = nn.Sequential(
@@ -60,7 +60,7 @@ class ActorCriticHeads(nn.Module):
         self.actor_mean = nn.Sequential(
             layer_init(nn.Linear(feature_dim, hidden)), nn.Tanh(), layer_init(nn.Linear(hidden, action_dim), std=0.01)
         )
-        self.actor_logstd = nn.Parameter(torch.zeros(action_dim))
+        self.actor_logstd = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(self.trunk(x)).squeeze(-1)
@@ -76,7 +76,9 @@ class ActorCriticHeads(nn.Module):
         return action, dist.log_prob(action), dist.entropy(), self.critic(hidden).squeeze(-1)
 
 
-def build_agent(obs_shape: tuple[int, ...], action_dim: int, cut: str, seed: int) -> tuple[nn.Sequential, ActorCriticHeads]:
+def build_agent(
+    obs_shape: tuple[int, ...], action_dim: int, cut: str, seed: int, init_log_std: float = 0.0
+) -> tuple[nn.Sequential, ActorCriticHeads]:
     """(stage0 module, stage1 heads) for the cut 'cnn' or 'input', initialised from ``seed``.
 
     The global RNG is left as it was, so building one stage in a process that also
@@ -88,5 +90,5 @@ def build_agent(obs_shape: tuple[int, ...], action_dim: int, cut: str, seed: int
         with torch.no_grad():
             feature_dim = nn.Sequential(*layers)(torch.zeros((1,) + tuple(obs_shape), dtype=torch.uint8)).shape[1]
         at = {"cnn": len(layers), "input": 0}[cut]
-        heads = ActorCriticHeads(nn.Sequential(*layers[at:]), feature_dim, action_dim)
+        heads = ActorCriticHeads(nn.Sequential(*layers[at:]), feature_dim, action_dim, init_log_std=init_log_std)
     return nn.Sequential(*layers[:at]), heads

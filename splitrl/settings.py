@@ -12,10 +12,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["EnvSettings", "PPOSettings", "TrainSettings", "RunOptions", "CUTS", "TRANSPORTS", "doc"]
+__all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "TrainSettings", "RunOptions", "ACTION_MAPS", "CUTS", "TRANSPORTS", "doc"]
 
 TRANSPORTS = ("zmq", "tcp")
 CUTS = ("cnn", "input")
+ACTION_MAPS = ("clip", "affine")
 """Where the network is split: after the CNN (the paper's pipeline) or before its
 first layer (the paper's "cloud setup": raw observations cross the link)."""
 
@@ -36,6 +37,11 @@ class EnvSettings:
     resize: int = doc(0, "resize frames to N x N pixels (0: keep the native size)")
     frame_skip: int = doc(1, "repeat each action N times, max-pooling the last two frames (1: no skip)")
     max_episode_steps: int = doc(0, "time limit per episode (0: the environment's own)")
+    action_map: str = doc(
+        "clip",
+        "policy output a in [-1, 1] to the env's Box: 'clip' scales by the largest |bound| and clips "
+        "(a = 0 is action 0, e.g. no gas and no brake), 'affine' maps [-1, 1] onto [low, high]",
+    )
 
     def errors(self) -> list[str]:
         out = []
@@ -47,6 +53,8 @@ class EnvSettings:
                 out.append(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if not self.env_id:
             out.append("--env-id must not be empty")
+        if self.action_map not in ACTION_MAPS:
+            out.append(f"--action-map must be one of {', '.join(ACTION_MAPS)}, got {self.action_map!r}")
         return out
 
 
@@ -67,6 +75,9 @@ class PPOSettings:
     lr_encoder: float = doc(5e-5, "Adam learning rate of the stage0 encoder")
     lr_heads: float = doc(1e-5, "Adam learning rate of the stage1 actor-critic heads")
     max_grad_norm: float = doc(0.5, "gradient-norm clipping, applied by each stage to its own parameters")
+    norm_reward: bool = doc(True, "divide rewards by a running std of the discounted return (gymnasium NormalizeReward)")
+    reward_clip: float = doc(10.0, "clip normalised rewards to [-N, N] (0: no clipping)")
+    init_log_std: float = doc(0.0, "initial value of the policy's state-independent log-std (pre-tanh)")
 
     def errors(self, num_envs: int) -> list[str]:
         out = []
@@ -79,11 +90,48 @@ class PPOSettings:
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 out.append(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}")
+        if not self.reward_clip >= 0:
+            out.append(f"--reward-clip must be >= 0, got {self.reward_clip}")
+        if not -5.0 <= self.init_log_std <= 2.0:
+            out.append(f"--init-log-std must be in [-5, 2] (the log-std clamp), got {self.init_log_std}")
         for name in ("clip_coef", "lr_encoder", "lr_heads", "max_grad_norm"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 out.append(f"--{name.replace('_', '-')} must be > 0, got {value}")
         return out
+
+
+@dataclass(frozen=True)
+class CodecSettings:
+    """What each stream's tensors become on the wire (see `splitrl.codecs`)."""
+
+    codec_rollout: str = doc("fp32", "codec of the rollout features (stage0 -> stage1, every env step)")
+    codec_fwd: str = doc("fp32", "codec of the training features (stage0 -> stage1, every minibatch)")
+    codec_bwd: str = doc("fp32", "codec of the feature gradients (stage1 -> stage0, every minibatch)")
+
+    def errors(self, cut: str) -> list[str]:
+        from .codecs import parse_codec  # codecs import the transport; settings stay import-light
+
+        out = []
+        for stream in ("rollout", "fwd", "bwd"):
+            spec = getattr(self, f"codec_{stream}")
+            try:
+                codec = parse_codec(spec, stream)
+            except ValueError as exc:
+                out.append(f"--codec-{stream}: {exc}")
+                continue
+            base = getattr(codec, "inner", codec).name
+            if cut == "input" and stream == "rollout" and base not in ("fp32", "bf16", "fp16", "frames"):
+                out.append(f"--codec-rollout {spec!r}: with --cut input the rollout carries uint8 pixels; "
+                           "use fp32 (as is), frames, or either +zstd")
+            if cut == "input" and stream != "rollout" and spec != "fp32":
+                out.append(f"--codec-{stream} {spec!r}: with --cut input nothing crosses the link in training")
+            if cut != "input" and base == "frames":
+                out.append("--codec-rollout frames needs --cut input (it sends pixels)")
+        return out
+
+    def specs(self) -> dict[str, str]:
+        return {"rollout": self.codec_rollout, "fwd": self.codec_fwd, "bwd": self.codec_bwd}
 
 
 @dataclass(frozen=True)
@@ -95,6 +143,7 @@ class TrainSettings:
     cut: str = doc("cnn", "where the network is split: 'cnn' (after the encoder) or 'input' (cloud setup)")
     env: EnvSettings = field(default_factory=EnvSettings)
     ppo: PPOSettings = field(default_factory=PPOSettings)
+    codecs: CodecSettings = field(default_factory=CodecSettings)
 
     @property
     def steps_per_iteration(self) -> int:
@@ -105,7 +154,7 @@ class TrainSettings:
         return self.total_steps // self.steps_per_iteration
 
     def errors(self) -> list[str]:
-        out = self.env.errors() + self.ppo.errors(self.env.num_envs)
+        out = self.env.errors() + self.ppo.errors(self.env.num_envs) + self.codecs.errors(self.cut)
         if self.cut not in CUTS:
             out.append(f"--cut must be one of {', '.join(CUTS)}, got {self.cut!r}")
         if self.seed < 0:
@@ -144,7 +193,8 @@ class TrainSettings:
         data = dict(data)
         env = EnvSettings(**data.pop("env", {}))
         ppo = PPOSettings(**data.pop("ppo", {}))
-        return cls(env=env, ppo=ppo, **data)
+        codecs = CodecSettings(**data.pop("codecs", {}))
+        return cls(env=env, ppo=ppo, codecs=codecs, **data)
 
 
 @dataclass(frozen=True)

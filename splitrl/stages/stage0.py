@@ -10,7 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..envs import EnvSpec, make_vector_env, to_chw
+from ..codecs import CodecSet, Context
+from ..envs import EnvSpec, make_vector_env, to_chw, to_env_action
 from ..models import build_agent
 from ..ppo import minibatch_schedule
 from ..settings import TrainSettings
@@ -46,17 +47,19 @@ class Stage0:
     def __init__(self, settings: TrainSettings, spec: EnvSpec, run_log: RunLog, *, checkpoint_every: int = 10) -> None:
         self.settings, self.spec, self.run_log = settings, spec, run_log
         self.checkpoint_every = checkpoint_every
-        self.net, _ = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed)
+        self.net, _ = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed, settings.ppo.init_log_std)
         params = list(self.net.parameters())
         self.optimizer = torch.optim.Adam(params, lr=settings.ppo.lr_encoder, eps=1e-5) if params else None
         n, t = settings.env.num_envs, settings.ppo.num_steps
         self.obs = torch.zeros((t, n) + spec.obs_shape, dtype=torch.uint8)
-        self.low = torch.tensor(spec.action_low)
-        self.high = torch.tensor(spec.action_high)
+        self.low = np.array(spec.action_low)
+        self.high = np.array(spec.action_high)
         self.stacked = settings.env.frame_stack > 1
         self.global_step = 0
         self.ema_return: float | None = None
         self.clock = _Clock()
+        self.codecs = CodecSet(**settings.codecs.specs())
+        self.all_envs = torch.arange(n)
 
     # -- pieces ----------------------------------------------------------------------
     def _encode(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -75,18 +78,23 @@ class Stage0:
             raise ProtocolError(f"stage0: after {kind!r} expected {expect!r}, got {msg.kind!r}")
         return msg
 
-    def _outcome(self, reward, terminated, truncated, info) -> dict[str, torch.Tensor]:
+    def _outcome(self, reward, terminated, truncated, info) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The previous step's outcome: (tensors, header) to ride on the next message."""
         out = {
             "reward": torch.as_tensor(reward, dtype=torch.float32),
             "terminated": torch.as_tensor(terminated, dtype=torch.bool),
             "truncated": torch.as_tensor(truncated, dtype=torch.bool),
         }
+        header: dict[str, Any] = {}
         bootstrap = np.flatnonzero(np.asarray(truncated) & ~np.asarray(terminated))
         if len(bootstrap):
             final = np.stack([info["final_obs"][i] for i in bootstrap])
-            out["final_features"] = self._encode(to_chw(final, self.stacked))
-            out["final_index"] = torch.as_tensor(bootstrap, dtype=torch.int64)
-        return out
+            index = torch.as_tensor(bootstrap, dtype=torch.int64)
+            # Packed before the step's own features: stateful codecs see each env's frames in order.
+            ctx = Context(envs=index, global_step=self.global_step)
+            self.codecs.pack("rollout", "final_features", self._encode(to_chw(final, self.stacked)), ctx, out, header)
+            out["final_index"] = index
+        return out, header
 
     def _episodes(self, info: dict[str, Any], iteration: int, returns: list[float]) -> None:
         if "episode" not in info:
@@ -102,24 +110,29 @@ class Stage0:
 
     # -- phases ----------------------------------------------------------------------
     def rollout(self, link: Transport, envs, next_obs: np.ndarray, iteration: int, returns: list[float]) -> np.ndarray:
-        scale = (self.high - self.low) / 2
-        outcome: dict[str, torch.Tensor] = {}
+        n = self.settings.env.num_envs
+        tensors: dict[str, torch.Tensor] = {}
+        header: dict[str, Any] = {}
+        self.codecs.new_iteration()
         for t in range(self.settings.ppo.num_steps):
             obs = torch.as_tensor(to_chw(next_obs, self.stacked))
             self.obs[t] = obs
-            msg = self._exchange(link, "step", {"features": self._encode(obs), **outcome}, {"t": t}, "action")
+            ctx = Context(idx=t * n + self.all_envs, envs=self.all_envs, global_step=self.global_step)
+            self.codecs.pack("rollout", "features", self._encode(obs), ctx, tensors, header)
+            msg = self._exchange(link, "step", tensors, {**header, "t": t}, "action")
             action = msg.tensors.get("action")
             if action is None or tuple(action.shape) != (self.settings.env.num_envs, self.spec.action_dim):
                 raise ProtocolError(f"action: expected a tensor 'action' of shape {[self.settings.env.num_envs, self.spec.action_dim]}")
-            env_action = (self.low + (action.float().clamp(-1, 1) + 1) * scale).numpy()
+            env_action = to_env_action(action.float().numpy(), self.low, self.high, self.settings.env.action_map)
             start = time.perf_counter()
             next_obs, reward, terminated, truncated, info = envs.step(env_action)
             self.clock.add("env", start)
             self.global_step += self.settings.env.num_envs
             self._episodes(info, iteration, returns)
-            outcome = self._outcome(reward, terminated, truncated, info)
-        features = self._encode(to_chw(next_obs, self.stacked))
-        self._exchange(link, "rollout_end", {"features": features, **outcome}, {}, None)
+            tensors, header = self._outcome(reward, terminated, truncated, info)
+        ctx = Context(envs=self.all_envs, global_step=self.global_step)
+        self.codecs.pack("rollout", "features", self._encode(to_chw(next_obs, self.stacked)), ctx, tensors, header)
+        self._exchange(link, "rollout_end", tensors, header, None)
         return next_obs
 
     def train(self, link: Transport, iteration: int) -> None:
@@ -133,12 +146,17 @@ class Stage0:
             for mb, idx in enumerate(minibatches):
                 start = time.perf_counter()
                 features = self.net(flat[idx])
-                self.clock.add("encoder", start)
-                msg = self._exchange(link, "train_fwd", {"features": features.detach()}, {"epoch": epoch, "mb": mb}, "train_bwd")
-                grad = msg.tensors.get("grad")
-                if grad is None or grad.shape != features.shape or grad.dtype != features.dtype:
-                    raise ProtocolError(f"train_bwd: expected 'grad' {features.dtype} {list(features.shape)}")
+                start = self.clock.add("encoder", start)
+                tensors: dict[str, torch.Tensor] = {}
+                header: dict[str, Any] = {"epoch": epoch, "mb": mb}
+                ctx = Context(idx=idx, global_step=self.global_step)
+                seen = self.codecs.pack("fwd", "features", features.detach(), ctx, tensors, header)
+                self.clock.add("codec", start)
+                msg = self._exchange(link, "train_fwd", tensors, header, "train_bwd")
                 start = time.perf_counter()
+                ctx = Context(idx=idx, mask=seen != 0, global_step=self.global_step)
+                grad = self.codecs.unpack("bwd", "grad", msg.tensors, msg.header, ctx, tuple(features.shape), features.dtype)
+                start = self.clock.add("codec", start)
                 self.optimizer.zero_grad(set_to_none=True)
                 torch.autograd.backward(features, grad)
                 nn.utils.clip_grad_norm_(params, ppo.max_grad_norm)
@@ -172,7 +190,7 @@ class Stage0:
         s = self.settings
         try:
             handshake(link, STAGE0, STAGE1, s.shared(), timeout=start_timeout)
-            envs = make_vector_env(s.env)
+            envs = make_vector_env(s.env, reward_gamma=s.ppo.gamma if s.ppo.norm_reward else None, reward_clip=s.ppo.reward_clip)
             try:
                 records = self._train_loop(link, envs)
             finally:
@@ -215,6 +233,7 @@ class Stage0:
             record["time/env"] = self.clock.seconds.get("env", 0.0)
             record["time/encoder"] = self.clock.seconds.get("encoder", 0.0)
             record["time/heads"] = heads
+            record["time/codec"] = self.clock.seconds.get("codec", 0.0)
             # Time inside send/recv is stage1's compute plus the link; the stage1 report splits it.
             record["time/link_wait"] = max(0.0, self.clock.seconds.get("link", 0.0) - heads)
             for key, value in net_now.items():

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from ..codecs import CodecSet, Context
 from ..envs import EnvSpec
 from ..models import build_agent
 from ..ppo import RolloutBuffer, explained_variance, minibatch_schedule, ppo_loss
@@ -46,7 +47,7 @@ class Stage1:
     def __init__(self, settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None = None) -> None:
         self.settings, self.spec, self.run_log = settings, spec, run_log
         ppo = settings.ppo
-        stage0_net, self.heads = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed)
+        stage0_net, self.heads = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed, settings.ppo.init_log_std)
         self.optimizer = torch.optim.Adam(self.heads.parameters(), lr=ppo.lr_heads, eps=1e-5)
         self.generator = torch.Generator().manual_seed(settings.seed)
         n, t = settings.env.num_envs, ppo.num_steps
@@ -60,12 +61,22 @@ class Stage1:
         self.next_minibatch = (0, 0)
         self.stats: dict[str, list[float]] = defaultdict(list)
         self.compute_seconds = 0.0
+        self.codecs = CodecSet(**settings.codecs.specs())
+        self.all_envs = torch.arange(n)
 
     # -- helpers -------------------------------------------------------------------
-    def _input(self, msg: Message, rows: int, name: str = "features") -> torch.Tensor:
+    def _input(self, msg: Message, stream: str, ctx: Context, name: str = "features") -> torch.Tensor:
+        """Decode stage0's features (pixels with the cut before the first layer) for ``ctx``'s rows."""
+        rows = len(ctx.idx if ctx.idx is not None else ctx.envs)
         if self.trains_alone:
-            return _tensor(msg, name, (rows,) + self.spec.obs_shape, torch.uint8)
-        return _tensor(msg, name, (rows, self.feature_dim), torch.float32)
+            shape, dtype = (rows,) + self.spec.obs_shape, torch.uint8
+        else:
+            shape, dtype = (rows, self.feature_dim), torch.float32
+        return self.codecs.unpack(stream, name, msg.tensors, msg.header, ctx, shape, dtype)
+
+    def _global_step(self, t: int = 0) -> int:
+        """stage0's env-step count when it sent step ``t`` (or, for t = 0 after a rollout, trained)."""
+        return (self.iteration - 1) * self.settings.steps_per_iteration + t * self.settings.env.num_envs
 
     def _record_outcome(self, step: int, msg: Message) -> None:
         n = self.settings.env.num_envs
@@ -77,7 +88,8 @@ class Stage1:
             index = msg.tensors["final_index"]
             if index.dtype != torch.int64 or index.dim() != 1 or not bool(((index >= 0) & (index < n)).all()):
                 raise ProtocolError(f"{msg.kind}: final_index: expected int64 env indices in [0, {n}), got {index}")
-            final_values[index] = self.heads.get_value(self._input(msg, len(index), "final_features"))
+            ctx = Context(envs=index, global_step=self._global_step(self.step))
+            final_values[index] = self.heads.get_value(self._input(msg, "rollout", ctx, "final_features"))
         self.buffer.add_outcome(step, rewards=reward, terminated=terminated, truncated=truncated, final_values=final_values)
 
     def _learn(self, x: torch.Tensor, idx: torch.Tensor) -> None:
@@ -124,10 +136,13 @@ class Stage1:
         if t != self.step or t >= self.settings.ppo.num_steps:
             raise ProtocolError(f"step: expected t={self.step}, got t={t!r}")
         n = self.settings.env.num_envs
-        x = self._input(msg, n)
+        if t == 0:
+            self.codecs.new_iteration()
         with torch.no_grad():
             if t > 0:
                 self._record_outcome(t - 1, msg)
+            ctx = Context(idx=t * n + self.all_envs, envs=self.all_envs, global_step=self._global_step(t))
+            x = self._input(msg, "rollout", ctx)
             u, logprob, _, value = self.heads.get_action_and_value(x, generator=self.generator)
         self.buffer.add(t, actions=u, logprobs=logprob, values=value)
         if self.inputs is not None:
@@ -141,7 +156,8 @@ class Stage1:
             raise ProtocolError(f"rollout_end: expected after {ppo.num_steps} steps, got it after {self.step}")
         with torch.no_grad():
             self._record_outcome(ppo.num_steps - 1, msg)
-            last_value = self.heads.get_value(self._input(msg, self.settings.env.num_envs))
+            ctx = Context(envs=self.all_envs, global_step=self._global_step(ppo.num_steps))
+            last_value = self.heads.get_value(self._input(msg, "rollout", ctx))
         self.buffer.finish(last_value, ppo.gamma, ppo.gae_lambda)
         self.schedule = minibatch_schedule(
             self.settings.seed, self.iteration, ppo.epochs, self.buffer.batch_size, ppo.minibatches
@@ -155,11 +171,16 @@ class Stage1:
         if self.trains_alone or not self.schedule or (epoch, mb) != self.next_minibatch:
             raise ProtocolError(f"train_fwd: expected minibatch {self.next_minibatch}, got {(epoch, mb)}")
         idx = self.schedule[epoch][mb]
-        x = self._input(msg, len(idx)).requires_grad_()
+        step = self.iteration * self.settings.steps_per_iteration
+        seen = self._input(msg, "fwd", Context(idx=idx, global_step=step))
+        x = seen.detach().requires_grad_()
         self._learn(x, idx)
+        tensors: dict[str, torch.Tensor] = {}
+        header: dict[str, Any] = {"epoch": epoch, "mb": mb}
+        self.codecs.pack("bwd", "grad", x.grad, Context(idx=idx, mask=seen != 0, global_step=step), tensors, header)
         mb += 1
         self.next_minibatch = (epoch + 1, 0) if mb == self.settings.ppo.minibatches else (epoch, mb)
-        yield "train_bwd", {"grad": x.grad}, {"epoch": epoch, "mb": mb - 1}
+        yield "train_bwd", tensors, header
 
     def _on_iter_end(self, msg: Message) -> Iterator[Reply]:
         iteration = msg.header.get("iteration")

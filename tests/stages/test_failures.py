@@ -97,7 +97,7 @@ def _msg(kind, header, **tensors):
         (_msg("step", {"t": 1}, features=torch.zeros(2, 4096)), "expected t=0"),
         (_msg("step", {"t": 0}, features=torch.zeros(3, 4096)), "expected torch.float32 \\[2, 4096\\]"),
         (_msg("step", {"t": 0}, features=torch.zeros(2, 4096, dtype=torch.float16)), "features"),
-        (_msg("step", {"t": 0}), "expected tensor 'features'"),
+        (_msg("step", {"t": 0}), "tensor 'features'.*missing"),
         (_msg("train_fwd", {"epoch": 0, "mb": 0}, features=torch.zeros(4, 4096)), "expected minibatch"),
         (_msg("rollout_end", {}, features=torch.zeros(2, 4096)), "expected after 4 steps"),
         (_msg("iter_end", {"iteration": 7}), "expected iteration 1"),

@@ -55,10 +55,21 @@ def _metrics(run_dir):
     return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "charts/SPS"} for r in rows]
 
 
-@pytest.mark.parametrize("cut, transport", [("cnn", "zmq"), ("input", "zmq"), ("cnn", "tcp")])
-def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, cut, transport):
+# Lossless codecs change the bytes, never the numbers: the ReLU-sparse features are
+# exact, and error feedback at full density in float32 sends every gradient entry
+# that stage0's ReLU lets through; frames rebuild the pixel stacks exactly.
+LOSSLESS = ["--codec-rollout", "relu+zstd", "--codec-fwd", "relu", "--codec-bwd", "ef:density=1,values=fp32"]
+
+
+@pytest.mark.parametrize(
+    "cut, transport, codecs",
+    [("cnn", "zmq", []), ("input", "zmq", []), ("cnn", "tcp", []), ("cnn", "zmq", LOSSLESS),
+     ("input", "tcp", ["--codec-rollout", "frames"])],
+    ids=["cnn-zmq", "input-zmq", "cnn-tcp", "cnn-zmq-lossless-codecs", "input-tcp-frames"],
+)
+def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, cut, transport, codecs):
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
-    args = TINY + ["--cut", cut, "--transport", transport, "--timeout", "60", "--start-timeout", "60"]
+    args = TINY + ["--cut", cut, "--transport", transport, "--timeout", "60", "--start-timeout", "60", *codecs]
     split_dir, twin_dir = tmp_path / "split", tmp_path / "twin"
     s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(split_dir), *args)
     s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(split_dir), *args)
@@ -75,6 +86,14 @@ def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, cut, transport
         assert split_state.keys() == twin_state.keys()
         for name in split_state:
             assert torch.equal(split_state[name], twin_state[name]), f"{stage}.{name}"
+    if codecs:
+        baseline = subprocess.run(splitrl_cmd("train", "--run-dir", str(tmp_path / "plain"), *args[: -len(codecs)]),
+                                  env=child_env(), capture_output=True, text=True, timeout=240)
+        assert baseline.returncode == 0, baseline.stderr
+        for stage, key in (("stage0", "net"), ("stage1", "heads")):
+            plain = _load(tmp_path / "plain", stage)[key]
+            for name, value in _load(twin_dir, stage)[key].items():
+                assert torch.equal(value, plain[name]), f"codecs changed {stage}.{name}"
     split_metrics, twin_metrics = _metrics(split_dir), _metrics(twin_dir)
     assert len(split_metrics) == 2
     assert split_metrics == twin_metrics

@@ -1,0 +1,127 @@
+"""Wire codecs: what crosses the link for features and gradients, and how small.
+
+A spec is ``NAME[:key=value,...][+zstd[:level=N]]``, for example ``bf16``,
+``paper:p=0.99,decay=0.99``, ``ef:density=0.02,values=int8``,
+``delta:q=topk,density=0.05`` or ``relu:values=bf16+zstd``. Each stage builds a
+`CodecSet` from the shared settings: one codec per stream (rollout features,
+training features, training gradients).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import STREAMS, Codec, CodecError, Context, Encoded, Param
+from .delta import Delta
+from .dense import Bf16, Fp16, Fp32, Int8
+from .lossless import Frames, Zstd
+from .sparse import TopKErrorFeedback, Paper, ReluSparse
+
+__all__ = ["CODECS", "STREAMS", "Codec", "CodecError", "CodecSet", "Context", "Encoded", "Param", "parse_codec", "catalogue"]
+
+CODECS: dict[str, type[Codec]] = {
+    c.name: c for c in (Fp32, Bf16, Fp16, Int8, ReluSparse, Delta, Paper, TopKErrorFeedback, Frames)
+}
+
+
+def _parse_params(cls: type[Codec], text: str, spec: str) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        key, eq, raw = item.partition("=")
+        param = cls.params.get(key.strip())
+        if not eq or param is None:
+            known = ", ".join(cls.params) or "none"
+            raise ValueError(f"codec {spec!r}: unknown parameter {item!r} for {cls.name!r} (parameters: {known})")
+        try:
+            value = param.kind(raw.strip())
+        except ValueError:
+            raise ValueError(f"codec {spec!r}: {key}={raw!r} is not a {param.kind.__name__}") from None
+        if param.choices is not None and value not in param.choices:
+            raise ValueError(f"codec {spec!r}: {key} must be one of {', '.join(map(str, param.choices))}")
+        values[key.strip()] = value
+    return values
+
+
+def parse_codec(spec: str, stream: str) -> Codec:
+    """A fresh codec for ``stream`` from ``spec``; ValueError naming what is wrong."""
+    base, plus, layer = spec.strip().partition("+")
+    name, _, params = base.partition(":")
+    cls = CODECS.get(name.strip())
+    if cls is None:
+        raise ValueError(f"codec {spec!r}: unknown codec {name!r} (codecs: {', '.join(CODECS)})")
+    if stream not in cls.streams:
+        raise ValueError(f"codec {spec!r}: {cls.name!r} cannot carry the {stream} stream (only {', '.join(cls.streams)})")
+    codec = cls(**_parse_params(cls, params, spec))
+    if plus:
+        lname, _, lparams = layer.partition(":")
+        if lname.strip() != "zstd":
+            raise ValueError(f"codec {spec!r}: unknown layer {lname!r} (only '+zstd')")
+        codec = Zstd(codec, **_parse_params(Zstd, lparams, spec))
+    return codec
+
+
+def catalogue() -> str:
+    """Every codec with its streams and parameters, for --help and the README."""
+    lines = []
+    for cls in list(CODECS.values()) + [Zstd]:
+        params = ",".join(f"{k}={p.default}" for k, p in cls.params.items())
+        streams = "any" if cls is Zstd else "/".join(cls.streams)
+        lines.append(f"{cls.name}{':' + params if params else ''} [{streams}]: {cls.help}")
+    return "\n".join(lines)
+
+
+class CodecSet:
+    """One side's codecs for the three streams, and how their parts ride in a message.
+
+    A codec's part ``''`` travels as the tensor's own name (so fp32 messages look
+    exactly as without codecs); part ``p`` as ``name.p``. Non-empty codec metadata
+    goes in the header under ``codec`` -> name.
+    """
+
+    def __init__(self, rollout: str = "fp32", fwd: str = "fp32", bwd: str = "fp32") -> None:
+        self.codecs = {"rollout": parse_codec(rollout, "rollout"), "fwd": parse_codec(fwd, "fwd"),
+                       "bwd": parse_codec(bwd, "bwd")}
+
+    def __getitem__(self, stream: str) -> Codec:
+        return self.codecs[stream]
+
+    def new_iteration(self) -> None:
+        for codec in self.codecs.values():
+            codec.new_iteration()
+
+    def pack(self, stream: str, name: str, x: torch.Tensor, ctx: Context,
+             tensors: dict[str, torch.Tensor], header: dict[str, Any]) -> torch.Tensor:
+        """Encode ``x`` into ``tensors``/``header``; returns the receiver's view of it."""
+        enc = self.codecs[stream].encode(x, ctx)
+        for key, t in enc.tensors.items():
+            tensors[f"{name}.{key}" if key else name] = t
+        if enc.meta:
+            header.setdefault("codec", {})[name] = enc.meta
+        recon = x if enc.recon is None else enc.recon
+        self._observe(stream, ctx, recon)
+        return recon
+
+    def unpack(self, stream: str, name: str, tensors: dict[str, torch.Tensor], header: dict[str, Any],
+               ctx: Context, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """Decode ``name`` from a received message; `CodecError` if it does not fit."""
+        prefix = name + "."
+        parts = {k[len(prefix):]: t for k, t in tensors.items() if k.startswith(prefix)}
+        if name in tensors:
+            parts[""] = tensors[name]
+        meta = header.get("codec", {})
+        meta = meta.get(name, {}) if isinstance(meta, dict) else None
+        if not isinstance(meta, dict):
+            raise CodecError(f"header 'codec' -> {name!r} must be a map")
+        try:
+            x = self.codecs[stream].decode(parts, meta, ctx, tuple(shape), dtype)
+        except CodecError as exc:
+            raise CodecError(f"tensor {name!r}: {exc}") from None
+        self._observe(stream, ctx, x)
+        return x
+
+    def _observe(self, stream: str, ctx: Context, x: torch.Tensor) -> None:
+        if stream == "rollout" and ctx.idx is not None:
+            self.codecs["fwd"].observe(ctx.idx, x)
+

@@ -1,0 +1,116 @@
+"""What every codec is: a stateful encoder/decoder pair for one stream of tensors.
+
+Both stages build the same codec from the same spec (the spec is in the shared
+settings, so the handshake hash covers it). The sender calls `Codec.encode`, the
+receiver `Codec.decode`, in the same order; a stateful codec (error feedback, the
+delta cache) keeps its half of the state on each side. `Encoded.recon` is exactly
+what the receiver's decode returns, so the sender can keep its own copy of the
+receiver's view (the delta cache, the ReLU mask) without asking for it.
+
+Codecs never report their size: the transport meters count the real bytes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from ..transport.errors import ProtocolError
+
+__all__ = ["STREAMS", "Context", "Encoded", "Codec", "CodecError", "Param", "part"]
+
+STREAMS = ("rollout", "fwd", "bwd")
+"""rollout: features during the rollout; fwd: features of each training minibatch;
+bwd: the gradient of the loss with respect to those features."""
+
+
+class CodecError(ProtocolError):
+    """A codec's parts do not decode: wrong names, shapes, dtypes or values."""
+
+
+@dataclass
+class Context:
+    """What both sides know about the tensor besides its bytes."""
+
+    idx: torch.Tensor | None = None
+    """Rollout-batch index of each row (training minibatches and rollout steps)."""
+    envs: torch.Tensor | None = None
+    """Env index of each row (rollout only)."""
+    mask: torch.Tensor | None = None
+    """bool, the tensor's shape: True where the receiver's activation is non-zero
+    (bwd only; computed from the features as stage1 decoded them)."""
+    global_step: int = 0
+    """Env steps taken before this tensor (warm starts)."""
+
+
+@dataclass
+class Encoded:
+    tensors: dict[str, torch.Tensor]
+    """Parts to send, by short name ('' for a codec with a single part)."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Small msgpack-able values (method ids, counts) for the header."""
+    recon: torch.Tensor | None = None
+    """The receiver's decode result, float32 (or the input's dtype for integer inputs)."""
+
+
+@dataclass(frozen=True)
+class Param:
+    kind: type
+    default: Any
+    help: str
+    choices: tuple[Any, ...] | None = None
+
+
+class Codec(ABC):
+    """One stream's encoder or decoder (the same class is both)."""
+
+    name: ClassVar[str]
+    help: ClassVar[str]
+    streams: ClassVar[tuple[str, ...]] = STREAMS
+    lossless: ClassVar[bool] = False
+    params: ClassVar[dict[str, Param]] = {}
+
+    def __init__(self, **values: Any) -> None:
+        for key, param in self.params.items():
+            setattr(self, key, values.get(key, param.default))
+
+    def spec(self) -> str:
+        """The canonical spec string: name plus every parameter that differs from its default."""
+        diff = [f"{k}={getattr(self, k)}" for k, p in self.params.items() if getattr(self, k) != p.default]
+        return self.name + (":" + ",".join(diff) if diff else "")
+
+    @abstractmethod
+    def encode(self, x: torch.Tensor, ctx: Context) -> Encoded:
+        """Parts for ``x``; updates the sender's state."""
+
+    @abstractmethod
+    def decode(self, parts: dict[str, torch.Tensor], meta: dict[str, Any], ctx: Context,
+               shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The tensor of ``shape``/``dtype`` the parts stand for; updates the receiver's state.
+
+        Raises `CodecError` for parts that do not fit, before touching the state.
+        """
+
+    def observe(self, idx: torch.Tensor, x: torch.Tensor) -> None:
+        """The rollout features of samples ``idx`` as stage1 sees them (the delta cache)."""
+
+    def new_iteration(self) -> None:
+        """A new rollout batch begins: drop per-sample state."""
+
+
+def part(parts: dict[str, torch.Tensor], key: str, dtype: torch.dtype, numel: int | None = None,
+         shape: tuple[int, ...] | None = None, codec: str = "") -> torch.Tensor:
+    """``parts[key]``, checked for dtype and size; a `CodecError` otherwise."""
+    t = parts.get(key)
+    label = f"codec {codec!r}: part {key!r}"
+    if t is None:
+        raise CodecError(f"{label} is missing (got {sorted(parts)})")
+    if t.dtype != dtype or (shape is not None and tuple(t.shape) != tuple(shape)):
+        want = f"{dtype} {list(shape)}" if shape is not None else str(dtype)
+        raise CodecError(f"{label}: expected {want}, got {t.dtype} {list(t.shape)}")
+    if numel is not None and t.numel() != numel:
+        raise CodecError(f"{label}: expected {numel} elements, got {t.numel()}")
+    return t

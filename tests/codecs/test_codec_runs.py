@@ -1,0 +1,86 @@
+"""Short split runs with codecs: they complete, and the link meters show the bytes they save.
+
+Every ratio is against the same tiny run with fp32 on the link, measured by the
+transport (stage0's meters: it sends step/train_fwd and receives train_bwd).
+"""
+
+import json
+
+import pytest
+
+from ..conftest import TINY
+
+RUNS = {
+    "fp32": [],
+    "mixed": ["--codec-rollout", "bf16", "--codec-fwd", "int8", "--codec-bwd", "paper:warm=64"],
+    "sparse": ["--codec-rollout", "relu", "--codec-fwd", "delta", "--codec-bwd", "ef:density=0.05"],
+    "lean": ["--codec-rollout", "fp16", "--codec-fwd", "delta:q=none",
+             "--codec-bwd", "ef:density=0.02,values=int8+zstd"],
+    "cloud": ["--cut", "input"],
+    "cloud-frames": ["--cut", "input", "--codec-rollout", "frames"],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Run every configuration once (split over loopback), in parallel pairs to save time."""
+    from ..conftest import Proc
+
+    base = tmp_path_factory.mktemp("codec-runs")
+    out: dict[str, list[dict]] = {}
+    names = list(RUNS)
+    for pair in (names[i: i + 2] for i in range(0, len(names), 2)):
+        procs = {}
+        for name in pair:
+            procs[name] = Proc(("run", "--run-dir", str(base / name), *TINY, *RUNS[name]), base / f"{name}.log")
+        for name, proc in procs.items():
+            try:
+                code, text = proc.finish(timeout=240)
+            finally:
+                proc.stop()
+            assert code == 0, f"{name}:\n{text}"
+            out[name] = [json.loads(line) for line in (base / name / "metrics.jsonl").read_text().splitlines()]
+    return out
+
+
+def _bytes(rows, key, iteration=None):
+    return sum(r.get(key, 0) for r in rows if iteration is None or r["iteration"] == iteration)
+
+
+def _ratio(runs, name, key, baseline="fp32", iteration=None):
+    return _bytes(runs[name], key, iteration) / _bytes(runs[baseline], key, iteration)
+
+
+STEP, FWD, BWD = "net/step/sent_bytes", "net/train_fwd/sent_bytes", "net/train_bwd/recv_bytes"
+
+
+def test_every_codec_run_completes_both_iterations(runs):
+    for name, rows in runs.items():
+        assert [r["iteration"] for r in rows] == [1, 2], name
+
+
+def test_casts_and_int8_cut_bytes_by_their_width(runs):
+    assert 0.45 < _ratio(runs, "mixed", STEP) < 0.55  # bf16 rollout features
+    assert 0.45 < _ratio(runs, "lean", STEP) < 0.55  # fp16 rollout features
+    assert 0.24 < _ratio(runs, "mixed", FWD) < 0.27  # int8 + one float32 scale per row
+
+
+def test_paper_codec_sends_full_gradients_until_its_warm_start_then_about_a_tenth(runs):
+    # warm=64 env steps: iteration 1 trains at step 32 (full float32), iteration 2 at step 64 (sparse).
+    assert 0.99 < _ratio(runs, "mixed", BWD, iteration=1) < 1.01
+    # 10 % of entries at 2 x int16 + bfloat16 = 6 bytes each, against 4 bytes for every entry.
+    assert 0.13 < _ratio(runs, "mixed", BWD, iteration=2) < 0.17
+
+
+def test_sparse_codecs_send_a_fraction(runs):
+    # ReLU features: about half are zero; the non-zeros go as float32 plus their positions.
+    assert 0.3 < _ratio(runs, "sparse", STEP) < 0.8
+    assert 0.24 < _ratio(runs, "sparse", FWD) < 0.27  # delta with int8 changes
+    assert _ratio(runs, "sparse", BWD) < 0.06  # 5 % of entries, bf16 values, varint or bitmask positions
+    assert _ratio(runs, "lean", BWD) < 0.02  # 2 % of entries, int8 values, zstd
+    assert _ratio(runs, "lean", FWD) < 0.01  # zero budget: headers only
+
+
+def test_cloud_setup_sends_pixels_only_and_frames_cut_them(runs):
+    assert _bytes(runs["cloud"], FWD) == 0 and _bytes(runs["cloud"], BWD) == 0
+    assert _ratio(runs, "cloud-frames", STEP, baseline="cloud") < 0.35

@@ -1,0 +1,67 @@
+"""The env side of stage0: action maps and the reward pipeline."""
+
+import numpy as np
+import pytest
+
+from splitrl.envs import make_vector_env, to_env_action
+from splitrl.models import build_agent
+from splitrl.settings import EnvSettings, TrainSettings
+
+CAR_LOW = np.array([-1.0, 0.0, 0.0])
+CAR_HIGH = np.array([1.0, 1.0, 1.0])
+
+
+def test_clip_map_keeps_zero_at_zero_and_reaches_every_bound():
+    a = np.array([[0.0, 0.0, 0.0], [-1.0, -0.3, 1.0], [1.0, 0.4, -1.0]])
+    out = to_env_action(a, CAR_LOW, CAR_HIGH, "clip")
+    np.testing.assert_allclose(out, [[0, 0, 0], [-1, 0, 1], [1, 0.4, 0]], atol=1e-7)
+    assert out.dtype == np.float32
+
+
+def test_clip_map_scales_by_the_largest_bound():
+    out = to_env_action(np.array([[0.5, -0.5, 1.0]]), np.array([-2.0, 0.0, -1.0]), np.array([2.0, 5.0, 3.0]), "clip")
+    np.testing.assert_allclose(out, [[1.0, 0.0, 3.0]])
+
+
+def test_affine_map_spans_the_box_and_centres_at_mid_range():
+    a = np.array([[-1.0, -1.0, -1.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    np.testing.assert_allclose(to_env_action(a, CAR_LOW, CAR_HIGH, "affine"), [[-1, 0, 0], [0, 0.5, 0.5], [1, 1, 1]])
+
+
+@pytest.mark.parametrize("mode", ["clip", "affine"])
+def test_out_of_range_policy_actions_stay_inside_the_box(mode):
+    rng = np.random.default_rng(0)
+    out = to_env_action(rng.normal(0, 3, size=(1000, 3)), CAR_LOW, CAR_HIGH, mode)
+    assert np.all(out >= CAR_LOW) and np.all(out <= CAR_HIGH)
+
+
+def test_unknown_action_map_is_refused():
+    with pytest.raises(ValueError, match="action map"):
+        to_env_action(np.zeros((1, 3)), CAR_LOW, CAR_HIGH, "bogus")
+    assert any("--action-map" in e for e in TrainSettings(env=EnvSettings(action_map="bogus")).errors())
+
+
+def test_normalised_rewards_reach_the_learner_while_episodes_record_raw_returns():
+    settings = EnvSettings(env_id="CarRacing-v3", max_episode_steps=30)
+    raw, scaled = make_vector_env(settings), make_vector_env(settings, reward_gamma=0.99, reward_clip=0.5)
+    raw.reset(seed=3)
+    scaled.reset(seed=3)
+    action = np.array([[0.0, 0.5, 0.0]], dtype=np.float32)
+    raw_rewards, scaled_rewards, episode = [], [], None
+    for _ in range(30):
+        _, r_raw, *_ = raw.step(action)
+        _, r_scaled, _, _, info = scaled.step(action)
+        raw_rewards.append(float(r_raw[0]))
+        scaled_rewards.append(float(r_scaled[0]))
+        if info.get("_episode", [False])[0]:
+            episode = float(info["episode"]["r"][0])
+    raw.close()
+    scaled.close()
+    assert episode == pytest.approx(sum(raw_rewards), rel=1e-5)  # the statistics saw raw rewards
+    assert max(abs(r) for r in scaled_rewards) <= 0.5  # the learner saw scaled, clipped ones
+    assert scaled_rewards != pytest.approx(raw_rewards)
+
+
+def test_initial_log_std_is_a_setting():
+    _, heads = build_agent((4, 96, 96), 3, "cnn", seed=0, init_log_std=-0.5)
+    assert heads.actor_logstd.detach().tolist() == [-0.5] * 3
