@@ -322,6 +322,43 @@ def bench_codecs(num_steps: int, epochs: int, minibatches: int, from_run: str | 
     _run_cli(go)
 
 
+@bench.command("learning")
+@click.option("--config", "names", multiple=True, metavar="NAME",
+              help="configurations to run (repeatable; default: all). Known: fp32, bf16, paper-p90, paper-p99, "
+                   "ours, ours-zero-fwd, cloud-frames")
+@click.option("--iterations", default=25, show_default=True, help="PPO iterations of 4096 steps per run")
+@click.option("--out", "out_dir", default="runs/learning-comparison", show_default=True,
+              type=click.Path(file_okay=False), help="one run directory per configuration goes here")
+@click.option("--table-only", is_flag=True, help="only print the table of the run directories already in --out")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def bench_learning(names: tuple[str, ...], iterations: int, out_dir: str, table_only: bool,
+                   extra: tuple[str, ...]) -> None:
+    """Train each codec configuration with the same seed and steps; one table row each.
+
+    Runs one after another (hours for the default 25 iterations each). Arguments after
+    `--` go to every `splitrl run`, e.g. `-- --threads 2`.
+    """
+    from pathlib import Path
+
+    from .bench.learning_bench import CONFIGS, learning_table, run_learning_comparison
+
+    def go() -> None:
+        unknown = [n for n in names if n not in CONFIGS]
+        if unknown:
+            raise ValueError(f"unknown --config {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
+        chosen = list(names or CONFIGS)
+        out = Path(out_dir)
+        if table_only:
+            dirs = [out / n for n in chosen if (out / n / "metrics.jsonl").exists()]
+        else:
+            dirs = run_learning_comparison(chosen, iterations * 4096, out, extra)
+        if not dirs:
+            raise ValueError(f"no finished runs under {out}")
+        click.echo(learning_table(dirs))
+
+    _run_cli(go)
+
+
 @bench.command("e2e")
 @click.option("--iterations", default=1, show_default=True, help="PPO iterations (4096 steps each) per run")
 @click.option("--repeats", default=1, show_default=True, help="runs per mode, alternating split and twin")

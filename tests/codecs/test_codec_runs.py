@@ -40,6 +40,7 @@ def runs(tmp_path_factory):
                 proc.stop()
             assert code == 0, f"{name}:\n{text}"
             out[name] = [json.loads(line) for line in (base / name / "metrics.jsonl").read_text().splitlines()]
+    out["_base"] = base
     return out
 
 
@@ -55,8 +56,21 @@ STEP, FWD, BWD = "net/step/sent_bytes", "net/train_fwd/sent_bytes", "net/train_b
 
 
 def test_every_codec_run_completes_both_iterations(runs):
-    for name, rows in runs.items():
-        assert [r["iteration"] for r in rows] == [1, 2], name
+    for name in RUNS:
+        assert [r["iteration"] for r in runs[name]] == [1, 2], name
+
+
+def test_learning_table_has_a_row_per_run_with_its_codecs_and_ratio(runs):
+    from splitrl.bench.learning_bench import learning_table, summarise_run
+
+    base = runs["_base"]
+    table = learning_table([base / "fp32", base / "lean"], reference="fp32").splitlines()
+    assert len(table) == 4
+    assert "`fp16 / delta:q=none / ef:density=0.02,values=int8+zstd`" in table[3]
+    lean, plain = summarise_run(base / "lean"), summarise_run(base / "fp32")
+    assert lean["steps"] == plain["steps"] == 64
+    ratio = float(table[3].split("|")[7])
+    assert ratio == pytest.approx(plain["total_bytes"] / lean["total_bytes"], rel=0.01) and ratio > 2
 
 
 def test_casts_and_int8_cut_bytes_by_their_width(runs):

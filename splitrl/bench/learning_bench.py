@@ -1,0 +1,101 @@
+"""Learning comparison: the same training with different codecs, one row per configuration.
+
+Each configuration is a full `splitrl run` (split over loopback) with the same
+seed and steps; the table comes from the run directories only, so it can be
+rebuilt (`splitrl bench learning --table-only`) from runs made elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..stages.curve import read_metrics
+
+__all__ = ["CONFIGS", "run_learning_comparison", "summarise_run", "learning_table"]
+
+CONFIGS: dict[str, list[str]] = {
+    "fp32": [],
+    "bf16": ["--codec-rollout", "bf16", "--codec-fwd", "bf16", "--codec-bwd", "bf16"],
+    "paper-p90": ["--codec-bwd", "paper"],
+    "paper-p99": ["--codec-bwd", "paper:p=0.99"],
+    "ours": ["--codec-rollout", "relu:values=int8+zstd", "--codec-fwd", "delta:q=topk,density=0.02",
+             "--codec-bwd", "ef:density=0.02,values=int8"],
+    "ours-zero-fwd": ["--codec-rollout", "relu:values=int8+zstd", "--codec-fwd", "delta:q=none",
+                      "--codec-bwd", "ef:density=0.02,values=int8"],
+    "cloud-frames": ["--cut", "input", "--codec-rollout", "frames"],
+}
+"""The paper's (fp32 features, sparse gradients after a 30,000-step warm start), the
+bf16 reference of the 20x target, ours, and the cloud setup as the honest competitor."""
+
+
+def run_learning_comparison(names: Sequence[str], total_steps: int, out_dir: Path,
+                            extra_args: Sequence[str] = (), timeout: float = 6 * 3600) -> list[Path]:
+    """Run each named configuration in turn (never concurrently: timings are compared)."""
+    dirs = []
+    for name in names:
+        run_dir = out_dir / name
+        command = [sys.executable, "-m", "splitrl", "run", "--total-steps", str(total_steps),
+                   "--run-dir", str(run_dir), *CONFIGS[name], *extra_args]
+        result = subprocess.run(command, timeout=timeout)
+        if result.returncode != 0:
+            raise RuntimeError(f"{name}: `{' '.join(command)}` exited {result.returncode}")
+        dirs.append(run_dir)
+    return dirs
+
+
+def _settings(run_dir: Path) -> dict[str, Any]:
+    for name in ("config-stage0.json", "config.json"):
+        path = run_dir / name
+        if path.exists():
+            return json.loads(path.read_text())["settings"]
+    return {}
+
+
+def summarise_run(run_dir: Path, last_episodes: int = 20) -> dict[str, Any]:
+    """Totals of one run directory: bytes on the link, returns, wall time."""
+    rows = read_metrics(run_dir)
+    if not rows:
+        raise ValueError(f"{run_dir}: no metrics")
+    last = rows[-1]
+    # stage0's meters see both directions of the link: what it sent and what it received.
+    total = sum(v for k, v in last.items() if k.startswith("net_total/"))
+    episodes = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines() if line.strip()]
+    tail = [e["return"] for e in episodes[-last_episodes:]]
+    settings = _settings(run_dir)
+    codecs = settings.get("codecs", {})
+    return {
+        "run": run_dir.name,
+        "cut": settings.get("cut", "?"),
+        "codecs": " / ".join(codecs.get(f"codec_{s}", "?") for s in ("rollout", "fwd", "bwd")),
+        "iterations": last["iteration"],
+        "steps": last["global_step"],
+        "total_bytes": total,
+        "bytes_per_step": total / last["global_step"],
+        "final_ema": last.get("charts/episodic_return_ema"),
+        "last_episodes_mean": sum(tail) / len(tail) if tail else None,
+        "wall_seconds": last.get("time/total"),
+    }
+
+
+def learning_table(run_dirs: Sequence[Path], reference: str = "bf16") -> str:
+    """Markdown table, one row per run; 'x fewer' is against the run named ``reference``."""
+    rows = [summarise_run(Path(d)) for d in run_dirs]
+    ref = next((r for r in rows if r["run"] == reference), None)
+    head = ("| run | cut | codecs (rollout / fwd / bwd) | iterations | total bytes | bytes per env step "
+            f"| x fewer than {reference} | final EMA return | mean of last 20 episodes | wall time |\n"
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    lines = [head]
+    for r in rows:
+        ratio = f"{ref['total_bytes'] / r['total_bytes']:.1f}" if ref and r["total_bytes"] else ""
+        ema = "n/a" if r["final_ema"] is None else f"{r['final_ema']:.1f}"
+        tail = "n/a" if r["last_episodes_mean"] is None else f"{r['last_episodes_mean']:.1f}"
+        wall = "" if r["wall_seconds"] is None else f"{r['wall_seconds'] / 60:.0f} min"
+        lines.append(
+            f"| {r['run']} | {r['cut']} | `{r['codecs']}` | {r['iterations']} | {r['total_bytes'] / 1e9:.2f} GB "
+            f"| {r['bytes_per_step']:,.0f} | {ratio} | {ema} | {tail} | {wall} |"
+        )
+    return "\n".join(lines)
