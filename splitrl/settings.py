@@ -124,7 +124,7 @@ class CodecSettings:
             if cut == "input" and stream == "rollout" and base not in ("fp32", "bf16", "fp16", "frames"):
                 out.append(f"--codec-rollout {spec!r}: with --cut input the rollout carries uint8 pixels; "
                            "use fp32 (as is), frames, or either +zstd")
-            if cut == "input" and stream != "rollout" and spec != "fp32":
+            if cut == "input" and stream != "rollout" and codec.spec() != "fp32":
                 out.append(f"--codec-{stream} {spec!r}: with --cut input nothing crosses the link in training")
             if cut != "input" and base == "frames":
                 out.append("--codec-rollout frames needs --cut input (it sends pixels)")

@@ -31,10 +31,23 @@ def decompress(z: torch.Tensor, limit: int, codec: str) -> bytes:
     """Inverse of `compress`, refusing to produce more than ``limit`` bytes."""
     if z.numel() == 0:
         raise CodecError(f"codec {codec!r}: empty zstd part")
+    data = z.numpy().tobytes()
     try:
-        return _DECOMPRESSOR.decompress(z.numpy().tobytes(), max_output_size=limit)
+        # zstandard allocates what the frame header claims and ignores max_output_size
+        # when a size is given, so the claim is checked first. Our encoder always writes it.
+        claimed = zstandard.frame_content_size(data)
+        if claimed < 0:
+            raise CodecError(f"codec {codec!r}: zstd frame does not state its size")
+        if claimed > limit:
+            raise CodecError(f"codec {codec!r}: zstd frame claims {claimed} bytes, more than the {limit} it can need")
+        return _DECOMPRESSOR.decompress(data, max_output_size=max(limit, 1))
     except zstandard.ZstdError as exc:
         raise CodecError(f"codec {codec!r}: zstd: {exc}") from None
+
+
+def _check_level(level: int, codec: str) -> None:
+    if not 1 <= level <= zstandard.MAX_COMPRESSION_LEVEL:
+        raise ValueError(f"{codec}: zstd level must be in [1, {zstandard.MAX_COMPRESSION_LEVEL}], got {level}")
 
 
 class Zstd(Codec):
@@ -46,6 +59,7 @@ class Zstd(Codec):
 
     def __init__(self, inner: Codec, **values: Any) -> None:
         super().__init__(**values)
+        _check_level(self.level, "zstd")
         self.inner = inner
         self.streams = inner.streams
         self.lossless = inner.lossless
@@ -73,7 +87,8 @@ class Zstd(Codec):
         limit = 8 * math.prod(shape) + 65536
         inner_parts: dict[str, torch.Tensor] = {}
         for key, spec in layout.items():
-            if not (isinstance(key, str) and isinstance(spec, list) and len(spec) == 2 and spec[0] in DTYPES
+            if not (isinstance(key, str) and isinstance(spec, list) and len(spec) == 2
+                    and isinstance(spec[0], str) and spec[0] in DTYPES
                     and isinstance(spec[1], list) and all(isinstance(d, int) and d >= 0 for d in spec[1])):
                 raise CodecError(f"codec 'zstd': bad layout for part {key!r}: {spec!r}")
             dt, dims = DTYPES[spec[0]], tuple(spec[1])
@@ -108,6 +123,7 @@ class Frames(Codec):
 
     def __init__(self, **values: Any) -> None:
         super().__init__(**values)
+        _check_level(self.level, "frames")
         self.last: dict[int, torch.Tensor] = {}
 
     def _envs(self, ctx: Context, rows: int) -> list[int]:

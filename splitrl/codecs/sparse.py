@@ -26,6 +26,11 @@ def _as_2d(shape: tuple[int, ...]) -> tuple[int, int]:
     return rows, math.prod(shape) // max(rows, 1)
 
 
+def _dequantise_selected(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Values of int8 ``codes`` with the (signed) scale of each one's row, as in `pack_selected`."""
+    return torch.where(scale < 0, codes.float() + 128, codes.float()) * scale.abs()
+
+
 def pack_selected(x: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor | None, fmt: str) -> Encoded:
     """Send ``x``'s entries at slot positions ``pos`` (sorted, int64).
 
@@ -40,12 +45,18 @@ def pack_selected(x: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor | None
     values = x.detach().reshape(-1)[flat].float()
     parts: dict[str, torch.Tensor] = {"i": torch.from_numpy(buf)}
     if fmt == "int8":
+        # One scale per row, as `quantise8`: rows whose sent values are all >= 0 (ReLU
+        # features) use the 256 codes 0..255 (stored minus 128) and a negative scale.
         row = flat // cols
         absmax = torch.zeros(rows).scatter_reduce_(0, row, values.abs(), "amax")
-        scale = torch.where(absmax > 0, absmax / 127, torch.ones_like(absmax))
-        codes = torch.round(values / scale[row]).clamp(-127, 127).to(torch.int8)
+        unsigned = torch.zeros(rows).scatter_reduce_(0, row, values, "amin", include_self=False) >= 0
+        levels = torch.where(unsigned, torch.tensor(255.0), torch.tensor(127.0))
+        scale = torch.where(absmax > 0, absmax / levels, torch.ones_like(absmax))
+        codes = torch.round(values / scale[row])
+        codes = torch.where(unsigned[row], codes - 128, codes).clamp(-128, 127).to(torch.int8)
+        scale = torch.where(unsigned, -scale, scale)
         parts.update(v=codes, s=scale)
-        decoded = codes.float() * scale[row]
+        decoded = _dequantise_selected(codes, scale[row])
     else:
         parts["v"] = values.to(VALUE_DTYPES[fmt])
         decoded = parts["v"].float()
@@ -73,7 +84,7 @@ def unpack_selected(parts: dict[str, torch.Tensor], meta: dict[str, Any], slots:
         scale = part(parts, "s", torch.float32, shape=(rows,), codec=codec)
         if not bool(torch.isfinite(scale).all()):
             raise CodecError(f"codec {codec!r}: non-finite scale")
-        values = codes.reshape(-1).float() * scale[flat // cols]
+        values = _dequantise_selected(codes.reshape(-1), scale[flat // cols])
     else:
         values = part(parts, "v", VALUE_DTYPES[fmt], numel=k, codec=codec).reshape(-1).float()
     out = torch.zeros(numel)
