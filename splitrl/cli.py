@@ -254,7 +254,7 @@ def codecs_cmd() -> None:
 
 @main.group()
 def bench() -> None:
-    """Benchmarks (not tests): transports, end to end."""
+    """Benchmarks (not tests): transports, end to end, codecs, learning with codecs."""
 
 
 @bench.command("transport")
@@ -380,3 +380,8 @@ def bench_e2e(iterations: int, repeats: int, out_dir: str | None, json_path: str
         with open(json_path, "w") as f:
             json.dump(rows, f, indent=2)
 
+
+
+from .netem.cli import register as _register_netem  # noqa: E402  (it uses training_options from above)
+
+_register_netem(main)
