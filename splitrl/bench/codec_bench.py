@@ -232,9 +232,9 @@ PIPELINES: dict[str, dict[str, str]] = {
     "split, bf16": {"rollout": "bf16", "fwd": "bf16", "bwd": "bf16"},
     "split, paper p90": {"rollout": "fp32", "fwd": "fp32", "bwd": "paper:warm=0"},
     "split, paper p99": {"rollout": "fp32", "fwd": "fp32", "bwd": "paper:p=0.99,warm=0"},
-    "split, ours": {"rollout": "relu:values=int8+zstd", "fwd": "delta:q=topk,density=0.02",
+    "split, ours": {"rollout": "int8+zstd", "fwd": "delta:q=topk,density=0.02",
                     "bwd": "ef:density=0.02,values=int8"},
-    "split, ours (zero-budget forward)": {"rollout": "relu:values=int8+zstd", "fwd": "delta:q=none",
+    "split, ours (zero-budget forward)": {"rollout": "int8+zstd", "fwd": "delta:q=none",
                                           "bwd": "ef:density=0.02,values=int8"},
 }
 

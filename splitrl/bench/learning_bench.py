@@ -22,9 +22,9 @@ CONFIGS: dict[str, list[str]] = {
     "bf16": ["--codec-rollout", "bf16", "--codec-fwd", "bf16", "--codec-bwd", "bf16"],
     "paper-p90": ["--codec-bwd", "paper"],
     "paper-p99": ["--codec-bwd", "paper:p=0.99"],
-    "ours": ["--codec-rollout", "relu:values=int8+zstd", "--codec-fwd", "delta:q=topk,density=0.02",
+    "ours": ["--codec-rollout", "int8+zstd", "--codec-fwd", "delta:q=topk,density=0.02",
              "--codec-bwd", "ef:density=0.02,values=int8"],
-    "ours-zero-fwd": ["--codec-rollout", "relu:values=int8+zstd", "--codec-fwd", "delta:q=none",
+    "ours-zero-fwd": ["--codec-rollout", "int8+zstd", "--codec-fwd", "delta:q=none",
                       "--codec-bwd", "ef:density=0.02,values=int8"],
     "cloud-frames": ["--cut", "input", "--codec-rollout", "frames"],
 }
