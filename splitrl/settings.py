@@ -77,7 +77,7 @@ class PPOSettings:
     max_grad_norm: float = doc(0.5, "gradient-norm clipping, applied by each stage to its own parameters")
     norm_reward: bool = doc(True, "divide rewards by a running std of the discounted return (gymnasium NormalizeReward)")
     reward_clip: float = doc(10.0, "clip normalised rewards to [-N, N] (0: no clipping)")
-    init_log_std: float = doc(0.0, "initial value of the policy's state-independent log-std (pre-tanh)")
+    init_log_std: float = doc(-0.5, "initial value of the policy's state-independent log-std (pre-tanh)")
 
     def errors(self, num_envs: int) -> list[str]:
         out = []
