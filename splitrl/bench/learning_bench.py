@@ -70,7 +70,8 @@ def summarise_run(run_dir: Path, last_episodes: int = 20) -> dict[str, Any]:
     return {
         "run": run_dir.name,
         "cut": settings.get("cut", "?"),
-        "codecs": " / ".join(codecs.get(f"codec_{s}", "?") for s in ("rollout", "fwd", "bwd")),
+        # Runs from before codecs existed sent float32, as the fp32 codec does.
+        "codecs": " / ".join(codecs.get(f"codec_{s}", "fp32") for s in ("rollout", "fwd", "bwd")),
         "iterations": last["iteration"],
         "steps": last["global_step"],
         "total_bytes": total,
