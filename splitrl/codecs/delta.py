@@ -47,7 +47,9 @@ class Delta(Codec):
         rows = x.reshape(len(idx), -1).float()
         need = int(idx.max()) + 1
         if self.view is None or self.view.shape[0] < need or self.view.shape[1] != rows.shape[1]:
-            view, filled = torch.zeros(need, rows.shape[1]), torch.zeros(need, dtype=torch.bool)
+            # The rollout adds one step's rows at a time: grow geometrically, not by a row.
+            size = max(need, 2 * self.view.shape[0] if self.view is not None else 0)
+            view, filled = torch.zeros(size, rows.shape[1]), torch.zeros(size, dtype=torch.bool)
             if self.view is not None and self.view.shape[1] == rows.shape[1]:
                 view[: self.view.shape[0]], filled[: self.view.shape[0]] = self.view, self.filled
             self.view, self.filled = view, filled
