@@ -226,8 +226,7 @@ class TopKErrorFeedback(Codec):
             raise ValueError("ef: needs the minibatch's sample indices")
         need = int(idx.max()) + 1 if idx.numel() else 0
         if self.residual is None or self.residual.shape[0] < need or self.residual.shape[1] != cols:
-            old = self.residual.shape[0] if self.residual is not None else 0
-            grown = torch.zeros(max(need, rows, 2 * old), cols)
+            grown = torch.zeros(max(need, rows), cols)
             if self.residual is not None and self.residual.shape[1] == cols:
                 grown[: self.residual.shape[0]] = self.residual
             self.residual = grown
