@@ -15,8 +15,7 @@ from typing import Any, Callable
 
 import click
 
-from .settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, TrainSettings
-from .transport import PeerAbort, ProtocolError, TransportTimeout
+from .settings import CODEC_NAMES, CodecSettings, EnvSettings, PPOSettings, RunOptions, TrainSettings
 
 __all__ = ["main"]
 
@@ -30,9 +29,7 @@ _SECTIONS: tuple[tuple[str | None, type], ...] = (
 def _help(f: dataclasses.Field) -> str:
     text = f.metadata["help"]
     if f.name.startswith("codec_"):
-        from .codecs import CODECS
-
-        text += f"; one of {', '.join(CODECS)}, optionally NAME:key=value,... and +zstd (details: splitrl codecs)"
+        text += f"; one of {', '.join(CODEC_NAMES)}, optionally NAME:key=value,... and +zstd (details: splitrl codecs)"
     return text
 
 
@@ -113,6 +110,9 @@ def _setup_logging(verbose: bool) -> None:
 
 def _run_cli(what: Callable[[], Any]) -> Any:
     """Turn the library's errors into one clear line and an exit code."""
+    # Imported here, not at the top: the transport pulls in torch, which `splitrl netem` does not need.
+    from .transport import PeerAbort, ProtocolError, TransportTimeout
+
     try:
         return what()
     except ValueError as exc:
@@ -254,7 +254,7 @@ def codecs_cmd() -> None:
 
 @main.group()
 def bench() -> None:
-    """Benchmarks (not tests): transports, end to end, codecs, learning with codecs."""
+    """Benchmarks (not tests): transports, end to end, codecs, learning with codecs, the shaped lab."""
 
 
 @bench.command("transport")
@@ -385,3 +385,7 @@ def bench_e2e(iterations: int, repeats: int, out_dir: str | None, json_path: str
 from .netem.cli import register as _register_netem  # noqa: E402  (it uses training_options from above)
 
 _register_netem(main)
+
+from .bench.lab_cli import register as _register_bench_lab  # noqa: E402
+
+_register_bench_lab(bench)

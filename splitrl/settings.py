@@ -17,6 +17,8 @@ __all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "TrainSettings", "RunO
 TRANSPORTS = ("zmq", "tcp")
 CUTS = ("cnn", "input")
 ACTION_MAPS = ("clip", "affine")
+CODEC_NAMES = ("fp32", "bf16", "fp16", "int8", "relu", "delta", "paper", "ef", "frames")
+"""The codecs of `splitrl.codecs.CODECS`, named here so --help needs no torch import."""
 """Where the network is split: after the CNN (the paper's pipeline) or before its
 first layer (the paper's "cloud setup": raw observations cross the link)."""
 

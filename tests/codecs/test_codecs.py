@@ -1143,3 +1143,9 @@ def test_sparse_int8_uses_all_256_codes_for_non_negative_rows():
     assert bool((err[~signed] <= absmax[~signed] / 510 * 1.001).all())
     assert bool((err[signed] <= absmax[signed] / 254 * 1.001).all())
     assert bool((err[signed] > absmax[signed] / 510).all())  # the signed row really is coarser
+
+
+def test_settings_name_every_codec_for_help():
+    from splitrl.settings import CODEC_NAMES
+
+    assert tuple(CODECS) == CODEC_NAMES
