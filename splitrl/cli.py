@@ -330,9 +330,11 @@ def bench_codecs(num_steps: int, epochs: int, minibatches: int, from_run: str | 
 @click.option("--out", "out_dir", default="runs/learning-comparison", show_default=True,
               type=click.Path(file_okay=False), help="one run directory per configuration goes here")
 @click.option("--table-only", is_flag=True, help="only print the table of the run directories already in --out")
+@click.option("--upto", type=int, help="with --table-only: every run as of the end of this iteration")
+@click.option("--reference", default="bf16", show_default=True, help="the run the 'x fewer' column compares with")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
-def bench_learning(names: tuple[str, ...], iterations: int, out_dir: str, table_only: bool,
-                   extra: tuple[str, ...]) -> None:
+def bench_learning(names: tuple[str, ...], iterations: int, out_dir: str, table_only: bool, upto: int | None,
+                   reference: str, extra: tuple[str, ...]) -> None:
     """Train each codec configuration with the same seed and steps; one table row each.
 
     Runs one after another (hours for the default 25 iterations each). Arguments after
@@ -354,7 +356,7 @@ def bench_learning(names: tuple[str, ...], iterations: int, out_dir: str, table_
             dirs = run_learning_comparison(chosen, iterations * 4096, out, extra)
         if not dirs:
             raise ValueError(f"no finished runs under {out}")
-        click.echo(learning_table(dirs))
+        click.echo(learning_table(dirs, reference=reference, upto=upto))
 
     _run_cli(go)
 

@@ -55,15 +55,19 @@ def _settings(run_dir: Path) -> dict[str, Any]:
     return {}
 
 
-def summarise_run(run_dir: Path, last_episodes: int = 20) -> dict[str, Any]:
-    """Totals of one run directory: bytes on the link, returns, wall time."""
-    rows = read_metrics(run_dir)
+def summarise_run(run_dir: Path, last_episodes: int = 20, upto: int | None = None) -> dict[str, Any]:
+    """Totals of one run directory: bytes on the link, returns, wall time.
+
+    With ``upto``, as of the end of that iteration (to compare runs of different lengths).
+    """
+    rows = [r for r in read_metrics(run_dir) if upto is None or r["iteration"] <= upto]
     if not rows:
         raise ValueError(f"{run_dir}: no metrics")
     last = rows[-1]
     # stage0's meters see both directions of the link: what it sent and what it received.
     total = sum(v for k, v in last.items() if k.startswith("net_total/"))
     episodes = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines() if line.strip()]
+    episodes = [e for e in episodes if e["iteration"] <= last["iteration"]]
     tail = [e["return"] for e in episodes[-last_episodes:]]
     settings = _settings(run_dir)
     codecs = settings.get("codecs", {})
@@ -82,9 +86,9 @@ def summarise_run(run_dir: Path, last_episodes: int = 20) -> dict[str, Any]:
     }
 
 
-def learning_table(run_dirs: Sequence[Path], reference: str = "bf16") -> str:
+def learning_table(run_dirs: Sequence[Path], reference: str = "bf16", upto: int | None = None) -> str:
     """Markdown table, one row per run; 'x fewer' is against the run named ``reference``."""
-    rows = [summarise_run(Path(d)) for d in run_dirs]
+    rows = [summarise_run(Path(d), upto=upto) for d in run_dirs]
     ref = next((r for r in rows if r["run"] == reference), None)
     head = ("| run | cut | codecs (rollout / fwd / bwd) | iterations | total bytes | bytes per env step "
             f"| x fewer than {reference} | final EMA return | mean of last 20 episodes | wall time |\n"

@@ -71,6 +71,8 @@ def test_learning_table_has_a_row_per_run_with_its_codecs_and_ratio(runs):
     assert lean["steps"] == plain["steps"] == 64
     ratio = float(table[3].split("|")[7])
     assert ratio == pytest.approx(plain["total_bytes"] / lean["total_bytes"], rel=0.01) and ratio > 2
+    first = summarise_run(base / "lean", upto=1)
+    assert first["iterations"] == 1 and first["steps"] == 32 and first["total_bytes"] < lean["total_bytes"]
 
 
 def test_casts_and_int8_cut_bytes_by_their_width(runs):
