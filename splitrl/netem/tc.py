@@ -147,13 +147,7 @@ def parse_rate(text: str) -> int:
     A unit is required: tc reads a bare number as bits per second, which is
     almost never what was meant by ``--rate 20``.
     """
-    m = re.fullmatch(_NUMBER + r"\s*(?P<unit>[a-zA-Z]*)", text.strip())
-    if not m or not m["unit"]:
-        raise ValueError(f"rate {text!r}: expected a number and a tc unit, e.g. 20mbit, 500kbit, 1gbit")
-    unit = m["unit"].lower()
-    if unit not in _RATE_UNITS:
-        raise ValueError(f"rate {text!r}: unknown unit {m['unit']!r}; use one of {', '.join(_RATE_UNITS)}")
-    bits = round(float(m["num"]) * _RATE_UNITS[unit])
+    bits = round(_scaled(text, "rate", _RATE_UNITS, "a tc unit, e.g. 20mbit, 500kbit, 1gbit", ", ".join(_RATE_UNITS)))
     if bits < 8:
         raise ValueError(f"rate {text!r}: must be at least 8bit (one byte per second)")
     if bits >= 2**64 * 8:
@@ -161,15 +155,20 @@ def parse_rate(text: str) -> int:
     return bits
 
 
-def parse_time(text: str, what: str = "time") -> float:
-    """A tc time such as ``20ms``, ``500us`` or ``1s``, in seconds. A unit is required."""
+def _scaled(text: str, what: str, units: dict[str, float], example: str, known: str) -> float:
+    """``text`` as a number times its (required, case-insensitive) unit's scale from ``units``."""
     m = re.fullmatch(_NUMBER + r"\s*(?P<unit>[a-zA-Z]*)", text.strip())
     if not m or not m["unit"]:
-        raise ValueError(f"{what} {text!r}: expected a number and a unit, e.g. 20ms, 500us, 1s")
+        raise ValueError(f"{what} {text!r}: expected a number and {example}")
     unit = m["unit"].lower()
-    if unit not in _TIME_UNITS:
-        raise ValueError(f"{what} {text!r}: unknown unit {m['unit']!r}; use s, ms or us")
-    seconds = float(m["num"]) * _TIME_UNITS[unit]
+    if unit not in units:
+        raise ValueError(f"{what} {text!r}: unknown unit {m['unit']!r}; use {known}")
+    return float(m["num"]) * units[unit]
+
+
+def parse_time(text: str, what: str = "time") -> float:
+    """A tc time such as ``20ms``, ``500us`` or ``1s``, in seconds. A unit is required."""
+    seconds = _scaled(text, what, _TIME_UNITS, "a unit, e.g. 20ms, 500us, 1s", "s, ms or us")
     if seconds > 3600:
         raise ValueError(f"{what} {text!r}: more than an hour")
     return seconds

@@ -18,12 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-import click
 import msgpack
 import pytest
 from click.testing import CliRunner
 
-from splitrl.netem.cli import register
 from splitrl.netem.lab import (
     STAGE0_ADDR,
     STAGE1_ADDR,
@@ -107,16 +105,6 @@ def test_report_shows_raw_and_header_corrected_ratios():
     assert "| stage1 | s1-x | 500,000 | 530,000 | 450 | 29,700 | 500,300 | 1.0600 | 1.0006 |" in text
     assert "Ethernet 14 + IPv4 20 + TCP 20 + timestamps 12 = 66 B" in text
     assert "ZeroMQ's framing" in text
-
-
-@pytest.fixture
-def cli():
-    @click.group()
-    def main():
-        pass
-
-    register(main)
-    return main
 
 
 def test_lab_dry_run_lists_every_command(cli, tmp_path):
@@ -278,7 +266,7 @@ def test_lab_is_removed_when_a_stage_fails(tmp_path, no_leftovers):
     assert not set(names.namespaces) & set(_ip_netns_list())
 
 
-DRIVER = "from splitrl.cli import main; from splitrl.netem.cli import register; register(main); main()"
+DRIVER = "from splitrl.cli import main; main()"
 
 
 @needs_netns

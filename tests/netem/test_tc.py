@@ -9,12 +9,10 @@ import json
 import shutil
 import sys
 
-import click
 import pytest
 from click.testing import CliRunner
 
 from splitrl.netem import tc
-from splitrl.netem.cli import register
 from splitrl.netem.tc import (
     NetemMissing,
     NoSuchDevice,
@@ -330,16 +328,6 @@ def test_clear_leaves_a_foreign_qdisc_alone():
 
 
 # -- the commands ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def cli():
-    @click.group()
-    def main():
-        pass
-
-    register(main)
-    return main
 
 
 def test_dry_run_prints_both_plans(cli):
