@@ -117,8 +117,12 @@ def _load_newest(run_dir: Path, stage0: Stage0, stage1: Stage1) -> None:
         load(torch.load(files[-1], weights_only=True))
 
 
-def _wire_bytes(tensors: dict[str, torch.Tensor], header: dict[str, Any]) -> int:
-    return sum(wire.frame_nbytes(f) for f in wire.encode("train_fwd", 0, header, tensors))
+def _payload_bytes(frames: list[Any]) -> int:
+    """Bytes of an encoded message beyond the envelope every message pays (kind, seq, empty maps)."""
+    return sum(wire.frame_nbytes(f) for f in frames) - _ENVELOPE
+
+
+_ENVELOPE = sum(wire.frame_nbytes(f) for f in wire.encode("train_fwd", 0, {}, {}))
 
 
 def _specs(stream: str, spec: str) -> dict[str, str]:
@@ -138,7 +142,7 @@ def _replay(cap: Capture, stream: str, spec: str) -> dict[str, Any]:
         for t, x in enumerate(cap.rollout):  # fill both delta caches, as the rollout does
             ctx = Context(idx=t * n + torch.arange(n), envs=torch.arange(n))
             sender.pack("rollout", "features", x, ctx, {}, {})
-            receiver._observe("rollout", ctx, x)
+            receiver.observe_rollout(ctx, x)
         source = cap.fwd if stream == "fwd" else cap.bwd
         items = [(x, Context(idx=i, mask=(f != 0) if stream == "bwd" else None, global_step=step))
                  for x, i, f in zip(source, cap.idx, cap.fwd)]
@@ -155,7 +159,7 @@ def _replay(cap: Capture, stream: str, spec: str) -> dict[str, Any]:
         frames = wire.encode("train_fwd", 0, header, tensors)
         got = receiver.unpack(stream, name, wire.decode(frames, LIMITS).tensors, header, ctx, tuple(x.shape), x.dtype)
         seconds += time.perf_counter() - start
-        nbytes += sum(wire.frame_nbytes(f) for f in frames) - _wire_bytes({}, {})
+        nbytes += _payload_bytes(frames)
         if stream == "bwd":  # what reaches the encoder: stage0's ReLU zeroes the rest
             got, x = got * ctx.mask, x * ctx.mask
             for row, j in enumerate(ctx.idx.tolist()):
@@ -223,7 +227,7 @@ def cloud_bytes_per_step(cap: Capture, spec: str = "frames") -> float:
         got = receiver.unpack("rollout", "features", wire.decode(frames, LIMITS).tensors, header, ctx, tuple(x.shape), x.dtype)
         if not torch.equal(got, x):
             raise AssertionError(f"cloud codec {spec!r} did not reproduce the observations")
-        nbytes += sum(wire.frame_nbytes(f) for f in frames) - _wire_bytes({}, {})
+        nbytes += _payload_bytes(frames)
     return nbytes / (cap.obs.shape[0] * n)
 
 

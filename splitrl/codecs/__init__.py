@@ -100,7 +100,8 @@ class CodecSet:
         if enc.meta:
             header.setdefault("codec", {})[name] = enc.meta
         recon = x if enc.recon is None else enc.recon
-        self._observe(stream, ctx, recon)
+        if stream == "rollout":
+            self.observe_rollout(ctx, recon)
         return recon
 
     def unpack(self, stream: str, name: str, tensors: dict[str, torch.Tensor], header: dict[str, Any],
@@ -118,10 +119,11 @@ class CodecSet:
             x = self.codecs[stream].decode(parts, meta, ctx, tuple(shape), dtype)
         except CodecError as exc:
             raise CodecError(f"tensor {name!r}: {exc}") from None
-        self._observe(stream, ctx, x)
+        if stream == "rollout":
+            self.observe_rollout(ctx, x)
         return x
 
-    def _observe(self, stream: str, ctx: Context, x: torch.Tensor) -> None:
-        if stream == "rollout" and ctx.idx is not None:
+    def observe_rollout(self, ctx: Context, x: torch.Tensor) -> None:
+        """Rollout features of ``ctx.idx``'s samples as stage1 has them: they fill the delta cache."""
+        if ctx.idx is not None:
             self.codecs["fwd"].observe(ctx.idx, x)
-

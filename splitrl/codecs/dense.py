@@ -8,7 +8,7 @@ import torch
 
 from .base import Codec, CodecError, Context, Encoded, part
 
-__all__ = ["Cast", "Fp32", "Bf16", "Fp16", "Int8", "quantise8", "dequantise8", "check_meta_int", "VALUE_DTYPES"]
+__all__ = ["Cast", "Fp32", "Bf16", "Fp16", "Int8", "quantise8", "dequantise8", "row_scales", "encode8", "decode8", "check_meta_int", "VALUE_DTYPES"]
 
 VALUE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -44,28 +44,40 @@ class Fp16(Cast):
     wire = torch.float16
 
 
-def quantise8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes, scale) for a 2-D float tensor, one scale per row.
+def row_scales(absmax: torch.Tensor, amin: torch.Tensor) -> torch.Tensor:
+    """Signed per-row scales from each row's max |x| and min x.
 
     A row with no negative entry (ReLU features) uses all 256 codes as uint8-style
     offsets 0..255 stored in int8 as code - 128; otherwise codes are -127..127. The
     sign of the scale says which: negative scale means unsigned codes.
     """
-    x = x.detach().float()
-    absmax = x.abs().amax(dim=1)
-    unsigned = x.amin(dim=1) >= 0
+    unsigned = amin >= 0
     levels = torch.where(unsigned, torch.tensor(255.0), torch.tensor(127.0))
     scale = torch.where(absmax > 0, absmax / levels, torch.ones_like(absmax))
-    codes = torch.round(x / scale[:, None])
-    codes = torch.where(unsigned[:, None], codes - 128, codes).clamp(-128, 127).to(torch.int8)
-    return codes, torch.where(unsigned, -scale, scale)
+    return torch.where(unsigned, -scale, scale)
+
+
+def encode8(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """int8 codes of ``values`` with the signed ``scale`` of each one (broadcast)."""
+    codes = torch.round(values / scale.abs())
+    return torch.where(scale < 0, codes - 128, codes).clamp(-128, 127).to(torch.int8)
+
+
+def decode8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Values of int8 ``codes`` with the signed ``scale`` of each one (broadcast)."""
+    return torch.where(scale < 0, codes.float() + 128, codes.float()) * scale.abs()
+
+
+def quantise8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scale) for a 2-D float tensor, one signed scale per row (see `row_scales`)."""
+    x = x.detach().float()
+    scale = row_scales(x.abs().amax(dim=1), x.amin(dim=1))
+    return encode8(x, scale[:, None]), scale
 
 
 def dequantise8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Inverse of `quantise8`: ``codes`` (R, C) int8, ``scale`` (R,) float32."""
-    unsigned = scale < 0
-    values = torch.where(unsigned[:, None], codes.float() + 128, codes.float())
-    return values * scale.abs()[:, None]
+    return decode8(codes, scale[:, None])
 
 
 def _rows(shape: tuple[int, ...]) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .base import Codec, CodecError, Context, Encoded, Param, part
-from .dense import VALUE_DTYPES, check_meta_int
+from .dense import VALUE_DTYPES, check_meta_int, decode8, encode8, row_scales
 from .indexcoding import decode_positions, encode_positions
 
 __all__ = ["ReluSparse", "Paper", "TopKErrorFeedback", "pack_selected", "unpack_selected"]
@@ -24,11 +24,6 @@ VALUE_FORMATS = ("fp32", "bf16", "fp16", "int8")
 def _as_2d(shape: tuple[int, ...]) -> tuple[int, int]:
     rows = shape[0] if len(shape) >= 2 else 1
     return rows, math.prod(shape) // max(rows, 1)
-
-
-def _dequantise_selected(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Values of int8 ``codes`` with the (signed) scale of each one's row, as in `pack_selected`."""
-    return torch.where(scale < 0, codes.float() + 128, codes.float()) * scale.abs()
 
 
 def pack_selected(x: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor | None, fmt: str) -> Encoded:
@@ -44,19 +39,14 @@ def pack_selected(x: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor | None
     flat = pos if slots is None else slots[pos]
     values = x.detach().reshape(-1)[flat].float()
     parts: dict[str, torch.Tensor] = {"i": torch.from_numpy(buf)}
-    if fmt == "int8":
-        # One scale per row, as `quantise8`: rows whose sent values are all >= 0 (ReLU
-        # features) use the 256 codes 0..255 (stored minus 128) and a negative scale.
+    if fmt == "int8":  # one scale per row of x, as `quantise8`
         row = flat // cols
         absmax = torch.zeros(rows).scatter_reduce_(0, row, values.abs(), "amax")
-        unsigned = torch.zeros(rows).scatter_reduce_(0, row, values, "amin", include_self=False) >= 0
-        levels = torch.where(unsigned, torch.tensor(255.0), torch.tensor(127.0))
-        scale = torch.where(absmax > 0, absmax / levels, torch.ones_like(absmax))
-        codes = torch.round(values / scale[row])
-        codes = torch.where(unsigned[row], codes - 128, codes).clamp(-128, 127).to(torch.int8)
-        scale = torch.where(unsigned, -scale, scale)
+        amin = torch.zeros(rows).scatter_reduce_(0, row, values, "amin", include_self=False)
+        scale = row_scales(absmax, amin)
+        codes = encode8(values, scale[row])
         parts.update(v=codes, s=scale)
-        decoded = _dequantise_selected(codes, scale[row])
+        decoded = decode8(codes, scale[row])
     else:
         parts["v"] = values.to(VALUE_DTYPES[fmt])
         decoded = parts["v"].float()
@@ -84,7 +74,7 @@ def unpack_selected(parts: dict[str, torch.Tensor], meta: dict[str, Any], slots:
         scale = part(parts, "s", torch.float32, shape=(rows,), codec=codec)
         if not bool(torch.isfinite(scale).all()):
             raise CodecError(f"codec {codec!r}: non-finite scale")
-        values = _dequantise_selected(codes.reshape(-1), scale[flat // cols])
+        values = decode8(codes.reshape(-1), scale[flat // cols])
     else:
         values = part(parts, "v", VALUE_DTYPES[fmt], numel=k, codec=codec).reshape(-1).float()
     out = torch.zeros(numel)
