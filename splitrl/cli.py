@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -117,7 +118,7 @@ def _run_cli(what: Callable[[], Any]) -> Any:
         return what()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    except (TransportTimeout, ProtocolError, PeerAbort, ConnectionError) as exc:
+    except (TransportTimeout, ProtocolError, PeerAbort, ConnectionError, ImportError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
@@ -180,14 +181,17 @@ def free_port_pair(host: str = "127.0.0.1") -> int:
     raise RuntimeError("no free pair of adjacent ports on loopback")
 
 
-def launch_split(settings: TrainSettings, options: RunOptions, grace: float = 15.0) -> int:
-    """Start stage1 and stage0 as two processes over loopback; stop both on any exit path."""
+def launch_split(settings: TrainSettings, options: RunOptions, grace: float = 15.0, endpoint: str | None = None) -> int:
+    """Start stage1 and stage0 as two processes over loopback; stop both on any exit path.
+
+    ``endpoint``: where stage1 binds and stage0 connects (default: a free loopback tcp port pair).
+    """
     settings.validate(options)
     if not options.run_dir:
         from .stages.runlog import default_run_dir
 
         options = dataclasses.replace(options, run_dir=default_run_dir(settings.env.env_id))
-    endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
+    endpoint = endpoint or f"tcp://127.0.0.1:{free_port_pair()}"
     base = [sys.executable, "-m", "splitrl"]
     args = settings_to_args(settings, options)
     procs = [
@@ -228,10 +232,12 @@ def launch_split(settings: TrainSettings, options: RunOptions, grace: float = 15
 
 
 @main.command()
+@click.option("--endpoint", default=None,
+              help="where stage1 binds and stage0 connects, e.g. ipc:///tmp/link  [default: a free loopback tcp port pair]")
 @training_options
-def run(settings: TrainSettings, options: RunOptions) -> None:
+def run(settings: TrainSettings, options: RunOptions, endpoint: str | None) -> None:
     """Split training on this machine: stage1 and stage0 as two processes over loopback."""
-    code = _run_cli(lambda: launch_split(settings, options))
+    code = _run_cli(lambda: launch_split(settings, options, endpoint=endpoint))
     sys.exit(code)
 
 
@@ -382,6 +388,69 @@ def bench_e2e(iterations: int, repeats: int, out_dir: str | None, json_path: str
         with open(json_path, "w") as f:
             json.dump(rows, f, indent=2)
 
+
+
+@bench.command("swap")
+@click.option("--links", default="zmq-tcp,zmq-ipc,tcp,torch-rpc", show_default=True,
+              help="comma-separated links to run the same training over")
+@click.option("--iterations", default=3, show_default=True,
+              help="iterations per run (the first, which pays for start-up, is left out of the figures)")
+@click.option("--repeats", default=1, show_default=True, help="runs per link, in reversed order on odd repeats")
+@click.option("--seconds", default=1.0, show_default=True, help="measuring time per cell of the micro-benchmark")
+@click.option("--quick", is_flag=True, help="smoke test: a 32-step training and a few ms per micro-benchmark cell")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              help="keep run directories, logs, swap.png and swap.json here [default: a new temporary directory]")
+@click.option("--no-netns", is_flag=True, help="do not run each link in a private network namespace (no kernel bytes)")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def bench_swap(links: str, iterations: int, repeats: int, seconds: float, quick: bool, out_dir: str | None,
+               no_netns: bool, extra: tuple[str, ...]) -> None:
+    """The same short PPO run over ZeroMQ tcp, ZeroMQ ipc, plain TCP and torch RPC; then the transport micro-benchmark.
+
+    The training is 512 CarRacing steps per iteration, 10 epochs of 4 minibatches of 128
+    (the paper's message sizes), --threads 1; EXTRA arguments (after --) go to every run.
+    As root, each run gets a private network namespace whose loopback bytes are counted.
+    Prints the table, writes swap.png (bar chart) and swap.json; about 10 minutes on 2 idle cores.
+    """
+
+    def go() -> None:
+        import json
+        import tempfile
+        from pathlib import Path
+
+        from .bench.swap_bench import format_swap_table, run_swap_bench, swap_chart, swap_targets
+        from .bench.transport_bench import TRANSPORTS, format_table, run_transport_bench
+
+        out = Path(out_dir or tempfile.mkdtemp(prefix="splitrl-swap-"))
+        names = [name.strip() for name in links.split(",") if name.strip()]
+        rows = run_swap_bench(names, iterations=iterations, repeats=repeats, quick=quick, extra_args=extra,
+                              out_dir=str(out), netns=False if no_netns else None)
+        click.echo(format_swap_table(rows))
+        chart = swap_chart(rows, out / "swap.png")
+        micro = run_transport_bench(sizes=(16384, 1 << 20), transports=TRANSPORTS, endpoints=("tcp", "ipc"),
+                                    seconds=seconds, quick=quick)
+        click.echo("\n" + format_table(micro) + "\n")
+        for line in swap_targets(micro):
+            click.echo(f"- {line}")
+        (out / "swap.json").write_text(json.dumps({"runs": rows, "micro": micro}, indent=2))
+        click.echo(f"\nchart: {chart}\nruns, logs and swap.json: {out}")
+
+    _run_cli(go)
+
+
+@main.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="where return.png, bytes.png and report.md go")
+@click.option("--tensorboard", is_flag=True, help="also write TensorBoard event files under OUT/tensorboard/")
+def report(run_dirs: tuple[str, ...], out_dir: str, tensorboard: bool) -> None:
+    """The paper's two figures (return and bytes on the link against env steps) and a table, for RUN_DIRS."""
+    from .report import make_report
+
+    paths = _run_cli(lambda: make_report(run_dirs, out_dir, tensorboard=tensorboard))
+    click.echo(paths["table"])
+    click.echo(f"\nfigures: {paths['return']}, {paths['bytes']}; table: {paths['markdown']}")
+    if tensorboard:
+        click.echo(f"tensorboard --logdir {Path(out_dir) / 'tensorboard'}")
 
 
 from .netem.cli import register as _register_netem  # noqa: E402  (it uses training_options from above)

@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "TrainSettings", "RunOptions", "ACTION_MAPS", "CUTS", "TRANSPORTS", "doc"]
 
-TRANSPORTS = ("zmq", "tcp")
+TRANSPORTS = ("zmq", "tcp", "torch-rpc")
 CUTS = ("cnn", "input")
 ACTION_MAPS = ("clip", "affine")
 CODEC_NAMES = ("fp32", "bf16", "fp16", "int8", "relu", "delta", "paper", "ef", "frames")
@@ -208,7 +208,8 @@ class RunOptions:
     start_timeout: float = doc(300.0, "seconds to wait for the peer to appear at start-up")
     checkpoint_every: int = doc(10, "save both stages every N iterations (0: only at the end)")
     threads: int = doc(0, "torch intra-op threads (0: torch's default)")
-    transport: str = doc("zmq", "the link: 'zmq' (ZeroMQ PUSH/PULL) or 'tcp' (plain sockets, same frames); both sides alike")
+    transport: str = doc("zmq", "the link: 'zmq' (ZeroMQ PUSH/PULL), 'tcp' (plain sockets, same frames), or 'torch-rpc' "
+                          "(PyTorch RPC, the paper's link; loopback benchmarks only); both sides alike")
 
     def errors(self) -> list[str]:
         out = []

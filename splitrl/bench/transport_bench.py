@@ -5,7 +5,8 @@ Each measured message carries one bfloat16 tensor of ``size`` bytes. Transports:
 - ``raw-zmq``: plain pyzmq PUSH/PULL, the tensor bytes as one frame
   (``send(memoryview, copy=False)``, ``recv(copy=False)``) -- the baseline;
 - ``zmq``: `ZmqTransport` (msgpack header frame + tensor frame, decode on receipt);
-- ``tcp``: `TcpTransport` (the same frames over one plain TCP connection).
+- ``tcp``: `TcpTransport` (the same frames over one plain TCP connection);
+- ``torch-rpc``: `TorchRpcTransport` (the same frames as ``rpc_sync`` calls: the paper's link).
 
 Endpoint kinds: ``tcp`` (loopback) and ``ipc`` put the peer in a separate process
 started with 'spawn', as the real stages are; ``inproc`` (ZeroMQ only) puts it in a
@@ -33,12 +34,13 @@ import zmq
 
 from splitrl.transport import TcpTransport, Transport, ZmqTransport
 from splitrl.transport.zmq_transport import DEFAULT_HWM
+from splitrl.transport.torch_rpc import free_port
 
 __all__ = ["run_transport_bench", "format_table", "TRANSPORTS", "ENDPOINTS"]
 
 log = logging.getLogger(__name__)
 
-TRANSPORTS = ("raw-zmq", "zmq", "tcp")
+TRANSPORTS = ("raw-zmq", "zmq", "tcp", "torch-rpc")
 ENDPOINTS = ("tcp", "ipc", "inproc")
 DATA_TIMEOUT_S = 10.0
 """Every receive on the measured link gives up after this long."""
@@ -112,8 +114,14 @@ class _TransportLink:
 
     def __init__(self, config: dict[str, Any], *, bind: bool) -> None:
         self.config = dict(config)
-        cls = ZmqTransport if config["transport"] == "zmq" else TcpTransport
-        self.transport: Transport = cls(config["endpoint"], bind=bind, timeout=DATA_TIMEOUT_S)
+        cls: type[Transport]
+        if config["transport"] == "torch-rpc":
+            from splitrl.transport.torch_rpc import TorchRpcTransport
+
+            cls = TorchRpcTransport
+        else:
+            cls = ZmqTransport if config["transport"] == "zmq" else TcpTransport
+        self.transport = cls(config["endpoint"], bind=bind, timeout=DATA_TIMEOUT_S)
         self.config["endpoint"] = self.transport.endpoint  # type: ignore[attr-defined]
 
     def payload(self, tensor: torch.Tensor) -> Any:
@@ -268,17 +276,26 @@ class _Session:
             config["to_peer"] = base if self.endpoint_kind == "tcp" else base + "-r"
         else:
             config["endpoint"] = base
+        if self.transport == "torch-rpc":
+            # Its binding end returns only once the peer has joined: the peer starts first.
+            config["endpoint"] = f"tcp://127.0.0.1:{free_port()}"
+            self._spawn(config)
+            self.link = _open_link(config, bind=True)
+            return
         self.link = _open_link(config, bind=True)
         if self.endpoint_kind == "inproc":
             self.ctrl, peer_ctrl = multiprocessing.Pipe()
             self.thread = threading.Thread(target=_serve, args=(self.link.config, peer_ctrl), name="bench-peer", daemon=True)
             self.thread.start()
         else:
-            spawn = multiprocessing.get_context("spawn")
-            self.ctrl, peer_ctrl = spawn.Pipe()
-            self.process = spawn.Process(target=_peer_process_main, args=(self.link.config, peer_ctrl), daemon=True)
-            self.process.start()
-            peer_ctrl.close()
+            self._spawn(self.link.config)
+
+    def _spawn(self, config: dict[str, Any]) -> None:
+        spawn = multiprocessing.get_context("spawn")
+        self.ctrl, peer_ctrl = spawn.Pipe()
+        self.process = spawn.Process(target=_peer_process_main, args=(config, peer_ctrl), daemon=True)
+        self.process.start()
+        peer_ctrl.close()
 
     def wait_ready(self) -> None:
         assert self.ctrl is not None
@@ -299,6 +316,8 @@ class _Session:
                 self.ctrl.send("stop")
             except OSError:
                 pass
+        if self.link is not None and self.transport == "torch-rpc":
+            self.link.close()  # its shutdown is collective: both ends close at the same time
         if self.process is not None and self.process.pid is not None:  # pid is None if start() failed
             self.process.join(5.0)
             if self.process.is_alive():
@@ -324,8 +343,8 @@ def _combinations(transports: Iterable[str], endpoints: Iterable[str]) -> list[t
     bad += [f"endpoint {e!r}" for e in endpoints if e not in ENDPOINTS]
     if bad:
         raise ValueError(f"unknown {', '.join(bad)}; transports: {TRANSPORTS}, endpoints: {ENDPOINTS}")
-    # TcpTransport speaks TCP only; inproc is ZeroMQ's in-process transport.
-    pairs = [(t, e) for t in transports for e in endpoints if t != "tcp" or e == "tcp"]
+    # TcpTransport and torch RPC speak TCP only; inproc is ZeroMQ's in-process transport.
+    pairs = [(t, e) for t in transports for e in endpoints if t not in ("tcp", "torch-rpc") or e == "tcp"]
     if not pairs:
         raise ValueError(f"no transport in {transports} runs over the endpoints {endpoints}")
     return pairs

@@ -16,6 +16,11 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def link_bytes(record: dict[str, Any]) -> int:
+    """Bytes on the link up to this record, both directions: stage0's meters see what it sent and received."""
+    return sum(v for k, v in record.items() if k.startswith("net_total/") and k.endswith("_bytes"))
+
+
 def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -28,8 +33,7 @@ def curve_table(run_dir: str | Path) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        # stage0's meters see both directions of the link
-        total = sum(v for k, v in r.items() if k.startswith("net_total/") and k.endswith("_bytes"))
+        total = link_bytes(r)
         lines.append(
             f"| {r['iteration']} | {r['global_step']} | {_fmt(r.get('charts/episodic_return_ema'), '.1f')} "
             f"| {_fmt(r.get('charts/episodic_return'), '.1f')} | {r.get('charts/episodes', 0)} "

@@ -58,7 +58,12 @@ def train_twin(settings: TrainSettings, options: RunOptions) -> list[dict[str, A
 
 def open_link(options: RunOptions, endpoint: str, *, bind: bool, peer: str) -> Transport:
     """The link to the other stage, as chosen by ``--transport``."""
-    cls = {"zmq": ZmqTransport, "tcp": TcpTransport}[options.transport]
+    if options.transport == "torch-rpc":
+        from ..transport.torch_rpc import TorchRpcTransport  # imports torch.distributed: only when asked
+
+        cls: type[Transport] = TorchRpcTransport
+    else:
+        cls = {"zmq": ZmqTransport, "tcp": TcpTransport}[options.transport]
     return cls(endpoint, bind=bind, timeout=options.timeout, limits=LIMITS, name=peer)
 
 

@@ -210,6 +210,7 @@ class Stage0:
         for iteration in range(1, s.num_iterations + 1):
             self.clock = _Clock()
             iter_start = time.perf_counter()
+            cpu_start = time.process_time()
             returns: list[float] = []
             next_obs = self.rollout(link, envs, next_obs, iteration, returns)
             self.train(link, iteration)
@@ -228,7 +229,9 @@ class Stage0:
                 "time/iteration": wall,
                 "time/total": time.perf_counter() - run_start,
             }
-            record.update({k: v for k, v in stats.items() if k.startswith("losses/")})
+            record.update({k: v for k, v in stats.items() if k.startswith(("losses/", "cpu/"))})
+            # CPU seconds of this process in the iteration (in the twin, both stages share it).
+            record["cpu/stage0"] = time.process_time() - cpu_start
             heads = float(stats.get("time/heads", 0.0))
             record["time/env"] = self.clock.seconds.get("env", 0.0)
             record["time/encoder"] = self.clock.seconds.get("encoder", 0.0)

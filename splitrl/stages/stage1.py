@@ -61,6 +61,7 @@ class Stage1:
         self.next_minibatch = (0, 0)
         self.stats: dict[str, list[float]] = defaultdict(list)
         self.compute_seconds = 0.0
+        self._cpu_mark = time.process_time()  # process CPU seconds at the start of the iteration
         self.codecs = CodecSet(**settings.codecs.specs())
         self.all_envs = torch.arange(n)
 
@@ -197,6 +198,9 @@ class Stage1:
         stats: dict[str, Any] = {k: sum(v) / len(v) for k, v in self.stats.items() if v}
         stats["losses/explained_variance"] = explained_variance(self.buffer.b_values, self.buffer.b_returns)
         stats["time/heads"] = self.compute_seconds
+        cpu_now = time.process_time()
+        stats["cpu/stage1"] = cpu_now - self._cpu_mark
+        self._cpu_mark = cpu_now
         if msg.header.get("checkpoint") and self.run_log is not None:
             self.run_log.checkpoint(STAGE1, iteration, self.state_dict())
         self.stats.clear()

@@ -17,7 +17,7 @@ def test_quick_run_has_every_combination_with_positive_numbers() -> None:
     assert combos == {
         ("raw-zmq", "tcp"), ("raw-zmq", "ipc"), ("raw-zmq", "inproc"),
         ("zmq", "tcp"), ("zmq", "ipc"), ("zmq", "inproc"),
-        ("tcp", "tcp"),
+        ("tcp", "tcp"), ("torch-rpc", "tcp"),
     }  # fmt: skip
     assert len(rows) == 2 * len(combos)
     for row in rows:

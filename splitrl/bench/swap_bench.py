@@ -1,0 +1,270 @@
+"""Transport-swap benchmark: one short PPO configuration, end to end, over each link.
+
+Every link runs the very same `splitrl run` (stage1 and stage0 as two processes,
+same seed, same schedule, same frames); only ``--transport`` and ``--endpoint``
+change:
+
+- ``zmq-tcp``: ZeroMQ PUSH/PULL over loopback TCP (the default link);
+- ``zmq-ipc``: ZeroMQ over a Unix socket;
+- ``tcp``: the second transport, plain TCP sockets carrying the same frames;
+- ``torch-rpc``: PyTorch RPC (TensorPipe over TCP), the paper's link, one
+  ``rpc_sync`` per message.
+
+Figures per link come from the runs' own metrics (iteration wall time, stage0's
+received messages, both stages' process CPU seconds, the byte meters). When this
+process may create network namespaces (root, ``ip``), each run gets a private
+one whose loopback is used by nothing else, and the kernel's byte counter of that
+loopback is read as well: all TCP/IP bytes the link really cost, including what
+the transport adds around our frames. Unix-socket traffic never reaches it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..stages.curve import read_metrics
+
+__all__ = ["LINKS", "PPO_ARGS", "QUICK_PPO_ARGS", "run_swap_bench", "format_swap_table", "swap_chart", "swap_targets", "netns_available"]
+
+LINKS: dict[str, tuple[str, str]] = {
+    "zmq-tcp": ("zmq", "tcp"),
+    "zmq-ipc": ("zmq", "ipc"),
+    "tcp": ("tcp", "tcp"),
+    "torch-rpc": ("torch-rpc", "tcp"),
+}
+"""Link name -> (``--transport``, endpoint kind)."""
+
+PPO_ARGS = ("--num-steps", "512", "--epochs", "10", "--minibatches", "4", "--threads", "1")
+"""Short, with the paper's messages: a 16 KiB feature per step, minibatches of 128 (2 MiB each way)."""
+QUICK_PPO_ARGS = ("--num-steps", "32", "--epochs", "2", "--minibatches", "2", "--max-episode-steps", "20", "--threads", "1")
+
+
+def netns_available() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("ip") is not None
+
+
+class _Netns:
+    """A private network namespace with only its loopback up; removed on exit."""
+
+    def __init__(self) -> None:
+        self.name = f"splitrl-swap-{uuid.uuid4().hex[:8]}"
+
+    def __enter__(self) -> "_Netns":
+        subprocess.run(["ip", "netns", "add", self.name], check=True, capture_output=True, timeout=15)
+        try:
+            subprocess.run(["ip", "-n", self.name, "link", "set", "lo", "up"], check=True, capture_output=True, timeout=15)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=15)
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.name, *argv]
+
+    def lo_bytes(self) -> int:
+        out = subprocess.run(self.wrap(["cat", "/sys/class/net/lo/statistics/tx_bytes"]),
+                             check=True, capture_output=True, text=True, timeout=15)
+        return int(out.stdout)
+
+
+def _endpoint(kind: str, tmp: Path) -> str:
+    if kind == "ipc":
+        return f"ipc://{tmp}/link"
+    from ..cli import free_port_pair  # a tcp port and the next one: ZeroMQ binds both
+
+    return f"tcp://127.0.0.1:{free_port_pair()}"
+
+
+def _summarise(link: str, records: list[dict[str, Any]], kernel_bytes: int | None, run_dir: Path) -> dict[str, Any]:
+    transport, kind = LINKS[link]
+    # The first iteration pays for start-up (connections, allocator, caches): skip it when there are more.
+    measured = records[1:] if len(records) > 1 else records
+    n = len(measured)
+
+    def mean(f: Any) -> float:
+        return sum(f(r) for r in measured) / n
+
+    def messages(r: dict[str, Any]) -> int:
+        return sum(v for k, v in r.items() if k.startswith("net/") and k.endswith("recv_messages"))
+
+    last = records[-1]
+    app_total = sum(v for k, v in last.items() if k.startswith("net_total/") and k.endswith("_bytes"))
+    return {
+        "link": link,
+        "transport": transport,
+        "endpoint": kind,
+        "iterations": len(records),
+        "measured_iterations": n,
+        "steps_per_s": mean(lambda r: r["charts/SPS"]),
+        "seconds_per_iteration": mean(lambda r: r["time/iteration"]),
+        # Every message stage0 receives answers one it sent: one round trip each.
+        "round_trips_per_s": mean(lambda r: messages(r) / r["time/iteration"]),
+        "link_wait_per_iteration": mean(lambda r: r.get("time/link_wait", 0.0)),
+        # stage0's time in send/recv beyond stage1's compute, per round trip: what the link itself costs.
+        "link_us_per_round_trip": mean(lambda r: 1e6 * r.get("time/link_wait", 0.0) / max(1, messages(r))),
+        "cpu_s_per_iteration": mean(lambda r: r.get("cpu/stage0", 0.0) + r.get("cpu/stage1", 0.0)),
+        "app_bytes_per_iteration": app_total / len(records),
+        "kernel_bytes_per_iteration": None if kernel_bytes is None else kernel_bytes / len(records),
+        "run_dir": str(run_dir),
+    }
+
+
+def run_swap_bench(
+    links: Sequence[str] = tuple(LINKS),
+    iterations: int = 3,
+    repeats: int = 1,
+    quick: bool = False,
+    extra_args: Sequence[str] = (),
+    out_dir: str | None = None,
+    netns: bool | None = None,
+    timeout: float = 3600.0,
+) -> list[dict[str, Any]]:
+    """One row per (link, repeat). Links run one at a time, in reversed order on odd repeats.
+
+    ``netns``: run each in a private network namespace and count its loopback's bytes
+    (default: when this process can).
+    """
+    unknown = [name for name in links if name not in LINKS]
+    if unknown or not links:
+        raise ValueError(f"unknown link(s) {unknown or links}; choose from {', '.join(LINKS)}")
+    if iterations < 1 or repeats < 1:
+        raise ValueError(f"iterations and repeats must be >= 1, got {iterations} and {repeats}")
+    use_netns = netns_available() if netns is None else netns
+    ppo_args = QUICK_PPO_ARGS if quick else PPO_ARGS
+    num_steps = int(ppo_args[ppo_args.index("--num-steps") + 1])
+    base = Path(out_dir or tempfile.mkdtemp(prefix="splitrl-swap-"))
+    base.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for repeat in range(repeats):
+        for link in (links if repeat % 2 == 0 else list(reversed(links))):
+            transport, kind = LINKS[link]
+            run_dir = base / f"{link}-{repeat}"
+            tmp = Path(tempfile.mkdtemp(prefix="splitrl-swap-ipc-"))
+            command = [sys.executable, "-m", "splitrl", "run", "--transport", transport,
+                       "--endpoint", _endpoint(kind, tmp), "--run-dir", str(run_dir),
+                       "--total-steps", str(iterations * num_steps), *ppo_args, *extra_args]
+            try:
+                kernel = None
+                if use_netns:
+                    with _Netns() as ns:
+                        before = ns.lo_bytes()
+                        result = subprocess.run(ns.wrap(command), capture_output=True, text=True, timeout=timeout)
+                        kernel = ns.lo_bytes() - before if kind == "tcp" else None
+                else:
+                    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            (base / f"{link}-{repeat}.log").write_text(result.stdout + result.stderr)
+            if result.returncode != 0:
+                raise RuntimeError(f"{link}: `{' '.join(command)}` exited {result.returncode}:\n{result.stderr[-3000:]}")
+            row = _summarise(link, read_metrics(run_dir), kernel, run_dir)
+            row["repeat"] = repeat
+            rows.append(row)
+    return rows
+
+
+def _mean_by_link(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Repeats averaged, in first-seen link order."""
+    out: dict[str, dict[str, Any]] = {}
+    counts: dict[str, int] = {}
+    for row in rows:
+        link = row["link"]
+        if link not in out:
+            out[link], counts[link] = dict(row), 1
+            continue
+        counts[link] += 1
+        for key, value in row.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and out[link].get(key) is not None:
+                out[link][key] += value
+    for link, row in out.items():
+        for key in ("steps_per_s", "seconds_per_iteration", "round_trips_per_s", "link_wait_per_iteration", "link_us_per_round_trip",
+                    "cpu_s_per_iteration", "app_bytes_per_iteration", "kernel_bytes_per_iteration"):
+            if row.get(key) is not None:
+                row[key] /= counts[link]
+        row["repeats"] = counts[link]
+    return list(out.values())
+
+
+def format_swap_table(rows: Sequence[dict[str, Any]], reference: str = "torch-rpc") -> str:
+    """Markdown, one line per link (repeats averaged); 'x torch-rpc' is steps/s over the reference's."""
+    means = _mean_by_link(rows)
+    ref = next((r for r in means if r["link"] == reference), None)
+    lines = [
+        f"| link | steps/s | x {reference} | s/iteration | link wait s/iteration | round trips/s | link us/round trip "
+        "| CPU s/iteration (both stages) | frame MB/iteration | kernel MB/iteration |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in means:
+        ratio = f"{r['steps_per_s'] / ref['steps_per_s']:.2f}" if ref else ""
+        kernel = "n/a" if r["kernel_bytes_per_iteration"] is None else f"{r['kernel_bytes_per_iteration'] / 1e6:.2f}"
+        lines.append(
+            f"| {r['link']} | {r['steps_per_s']:.1f} | {ratio} | {r['seconds_per_iteration']:.1f} "
+            f"| {r['link_wait_per_iteration']:.2f} | {r['round_trips_per_s']:.0f} | {r['link_us_per_round_trip']:.0f} "
+            f"| {r['cpu_s_per_iteration']:.1f} "
+            f"| {r['app_bytes_per_iteration'] / 1e6:.2f} | {kernel} |"
+        )
+    return "\n".join(lines)
+
+
+def swap_chart(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """A PNG of four bar panels: steps/s, round trips/s, link wait per round trip, CPU s per iteration."""
+    from ..report import pyplot
+
+    plt = pyplot()
+    means = _mean_by_link(rows)
+    names = [r["link"] for r in means]
+    panels = [("steps_per_s", "env steps / s"), ("round_trips_per_s", "round trips / s"),
+              ("link_us_per_round_trip", "link wait us / round trip"),
+              ("cpu_s_per_iteration", "CPU s / iteration (both stages)")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))
+    for ax, (key, title) in zip(axes, panels):
+        values = [r[key] for r in means]
+        bars = ax.bar(names, values, color=["#4c72b0", "#55a868", "#8172b2", "#c44e52"][: len(names)])
+        ax.bar_label(bars, fmt="%.3g", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    fig.suptitle("the same short PPO run over each link", fontsize=11)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+ROLLOUT_MESSAGE_BYTES = 16384
+"""One env step's features: 4096 float32 values."""
+
+
+def swap_targets(micro: Sequence[dict[str, Any]]) -> list[str]:
+    """The issue's two targets, checked on `run_transport_bench` rows (tcp endpoint)."""
+
+    def cell(transport: str, size: int) -> dict[str, Any] | None:
+        return next((r for r in micro if r["transport"] == transport and r["endpoint"] == "tcp" and r["size"] == size), None)
+
+    lines = []
+    zmq, rpc = cell("zmq", ROLLOUT_MESSAGE_BYTES), cell("torch-rpc", ROLLOUT_MESSAGE_BYTES)
+    if zmq and rpc:
+        ratio = rpc["rtt_us_median"] / zmq["rtt_us_median"]
+        lines.append(f"round trips of the 16 KiB rollout message, ZeroMQ tcp vs torch RPC: {ratio:.1f}x the rate "
+                     f"({zmq['rtt_us_median']:.0f} us vs {rpc['rtt_us_median']:.0f} us median; target >= 10x: "
+                     f"{'met' if ratio >= 10 else 'missed'})")
+    for size in sorted({r["size"] for r in micro}):
+        framed, raw = cell("zmq", size), cell("raw-zmq", size)
+        if framed and raw:
+            tput = framed["throughput_MBps"] / raw["throughput_MBps"]
+            rtt = framed["rtt_us_median"] / raw["rtt_us_median"]
+            met = tput >= 0.95 and rtt <= 1.05
+            lines.append(f"framed ZeroMQ vs raw pyzmq at {size} B over tcp: throughput {tput:.2f}x, round trip "
+                         f"{rtt:.2f}x (target within 5 %: {'met' if met else 'missed'})")
+    return lines

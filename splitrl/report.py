@@ -1,0 +1,197 @@
+"""``splitrl report``: the paper's two figures and a table of final numbers for any set of runs.
+
+Figures (PNG, matplotlib): the EMA(0.9) episodic return against env steps, with a
+dashed line where a run's warm start ends, and the cumulative bytes on the link
+against env steps (log scale: codecs differ by orders of magnitude). One line per
+run, labelled by its directory and codec settings. Optionally TensorBoard event
+files, written with PyTorch's standard `SummaryWriter`.
+
+matplotlib and tensorboard are optional extras (``pip install 'splitrl[report]'``);
+the import of each happens only when it is needed, with a clear error if missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from .bench.learning_bench import run_settings, summarise_run
+from .stages.curve import link_bytes, read_metrics
+
+__all__ = ["RunSeries", "load_run", "pyplot", "return_figure", "bytes_figure", "report_table", "write_tensorboard",
+           "make_report"]
+
+_EXTRA_HINT = "install the report extra: pip install -c constraints.txt -e '.[report]'"
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError(f"figures need matplotlib: {_EXTRA_HINT}") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+@dataclass
+class RunSeries:
+    """One run directory, ready to plot."""
+
+    name: str
+    label: str
+    steps: list[int]
+    ema: list[float | None]
+    cumulative_bytes: list[int]
+    warm_start: int | None
+    """Env steps of full-precision gradients before a codec's accumulation starts (None: no warm start)."""
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+
+
+def _warm_start(settings: dict[str, Any]) -> int | None:
+    """The largest ``warm`` of the run's codecs, if any is set (the paper's 30,000 env steps)."""
+    from .codecs import parse_codec
+
+    warm = 0
+    for stream, spec in (settings.get("codecs") or {}).items():
+        try:
+            codec = parse_codec(spec, stream.removeprefix("codec_"))
+        except ValueError:
+            continue  # a spec from another version: nothing to mark
+        codec = getattr(codec, "inner", codec)  # +zstd wraps the codec that warms up
+        warm = max(warm, int(getattr(codec, "warm", 0) or 0))
+    return warm or None
+
+
+def load_run(run_dir: str | Path) -> RunSeries:
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    if not records:
+        raise ValueError(f"{run_dir}: metrics.jsonl has no iterations yet")
+    summary = summarise_run(run_dir)
+    settings = run_settings(run_dir)
+    cut = "" if summary["cut"] in ("cnn", "?") else f" (cut {summary['cut']})"
+    return RunSeries(
+        name=run_dir.name,
+        label=f"{run_dir.name}: {summary['codecs']}{cut}",
+        steps=[r["global_step"] for r in records],
+        ema=[r.get("charts/episodic_return_ema") for r in records],
+        cumulative_bytes=[link_bytes(r) for r in records],
+        warm_start=_warm_start(settings),
+        summary=summary,
+        records=records,
+    )
+
+
+def return_figure(runs: Sequence[RunSeries], path: str | Path) -> Path:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for run in runs:
+        points = [(s, e) for s, e in zip(run.steps, run.ema) if e is not None]
+        (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=run.label)
+        if run.warm_start is not None:
+            ax.axvline(run.warm_start, linestyle="--", linewidth=1, color=line.get_color())
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("episodic return, EMA(0.9)")
+    ax.set_title("return (dashed: end of a warm start)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    return _save(plt, fig, path)
+
+
+def bytes_figure(runs: Sequence[RunSeries], path: str | Path) -> Path:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for run in runs:
+        ax.plot(run.steps, run.cumulative_bytes, marker=".", label=run.label)
+    ax.set_yscale("log")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("bytes on the link, cumulative (both directions)")
+    ax.set_title("traffic")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="best")
+    return _save(plt, fig, path)
+
+
+def _save(plt: Any, fig: Any, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def report_table(runs: Sequence[RunSeries]) -> str:
+    """Markdown: final numbers per run; the ratio is the first run's bytes per env step over each run's
+    (per step, so runs of different lengths compare fairly; for equal lengths it is the total's ratio)."""
+    first = runs[0].summary["bytes_per_step"]
+    lines = [
+        f"| run | codecs (rollout / fwd / bwd) | iterations | env steps | total bytes | bytes per env step "
+        f"| x fewer than {runs[0].name} | final EMA return | steps/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in runs:
+        s = run.summary
+        ratio = f"{first / s['bytes_per_step']:.1f}" if s["bytes_per_step"] else "n/a"
+        ema = "n/a" if s["final_ema"] is None else f"{s['final_ema']:.1f}"
+        sps = f"{s['steps'] / s['wall_seconds']:.1f}" if s["wall_seconds"] else "n/a"
+        lines.append(f"| {run.name} | `{s['codecs']}` | {s['iterations']} | {s['steps']:,} | {s['total_bytes']:,} "
+                     f"| {s['bytes_per_step']:,.0f} | {ratio} | {ema} | {sps} |")
+    return "\n".join(lines)
+
+
+def write_tensorboard(runs: Sequence[RunSeries], out_dir: str | Path) -> list[Path]:
+    """One event-file directory per run: every numeric metric, and the link's cumulative bytes, by env step."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ImportError(f"--tensorboard needs the tensorboard package: {_EXTRA_HINT}") from None
+    dirs = []
+    for run in runs:
+        log_dir = Path(out_dir) / run.name
+        writer = SummaryWriter(log_dir=str(log_dir))
+        try:
+            writer.add_text("settings", run.label)
+            for record, cumulative in zip(run.records, run.cumulative_bytes):
+                step = record["global_step"]
+                writer.add_scalar("net/link_bytes_cumulative", cumulative, step)
+                for key, value in record.items():
+                    if "/" in key and isinstance(value, (int, float)) and not isinstance(value, bool):
+                        writer.add_scalar(key, value, step)
+        finally:
+            writer.close()
+        dirs.append(log_dir)
+    return dirs
+
+
+def make_report(run_dirs: Sequence[str | Path], out_dir: str | Path, tensorboard: bool = False) -> dict[str, Any]:
+    """Write return.png, bytes.png and report.md (and tensorboard/) into ``out_dir``; returns their paths."""
+    if not run_dirs:
+        raise ValueError("give at least one run directory")
+    runs = [load_run(d) for d in run_dirs]
+    names = [r.name for r in runs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"run directories must have distinct names (they label the lines): {names}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Any] = {
+        "return": return_figure(runs, out / "return.png"),
+        "bytes": bytes_figure(runs, out / "bytes.png"),
+    }
+    table = report_table(runs)
+    md = out / "report.md"
+    md.write_text(
+        "# Report\n\n"
+        + "".join(f"- `{Path(d)}`\n" for d in run_dirs)
+        + "\n![return](return.png)\n\n![bytes on the link](bytes.png)\n\n"
+        + table + "\n"
+    )
+    paths["table"], paths["markdown"] = table, md
+    if tensorboard:
+        paths["tensorboard"] = write_tensorboard(runs, out / "tensorboard")
+    return paths

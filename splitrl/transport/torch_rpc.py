@@ -1,0 +1,146 @@
+"""PyTorch's `torch.distributed.rpc` as a `Transport`: the paper's link, as a baseline.
+
+The paper's code moves features and gradients between its two stages with
+``rpc_sync`` calls (TensorPipe underneath). This transport carries our framed
+messages the same way, so the transport-swap benchmark can run the very same
+stages and schedule over it and compare like with like: each `send` is one
+``rpc_sync`` that runs `_deliver` in the peer process, which queues the frames
+for the peer's `recv`. The tensor frames travel as uint8 tensors (TensorPipe
+sends their storage beside the pickled call); the header frame as bytes.
+
+RPC unpickles every call it receives, which this project never does with data
+from the wire. So this transport is for benchmarks and only listens on, and
+connects to, loopback addresses. One RPC agent per process: one link per process.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import queue
+import re
+import socket
+import warnings
+from typing import Any, Sequence
+
+import torch
+
+from .base import Transport
+from .errors import TransportTimeout
+from .wire import WireLimits
+
+__all__ = ["TorchRpcTransport", "free_port"]
+
+log = logging.getLogger(__name__)
+
+_CLOSE_TIMEOUT_S = 10.0
+_TCP_RE = re.compile(r"tcp://(?P<host>[^:/]+):(?P<port>\d+)\Z")
+_BINDER, _CONNECTOR = "splitrl-binder", "splitrl-connector"
+
+_inbox: "queue.Queue[list[Any]]" = queue.Queue()
+"""Messages delivered to this process by the peer's calls, in order (rpc_sync returns only after the put)."""
+
+
+def _deliver(header: bytes, tensors: list[torch.Tensor]) -> None:
+    """Runs in the receiving process, on an RPC thread."""
+    _inbox.put([header, *tensors])
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A tcp port that was free on ``host`` a moment ago."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _as_tensor(frame: Any) -> torch.Tensor:
+    view = memoryview(frame).cast("B")
+    if not view.nbytes:
+        return torch.empty(0, dtype=torch.uint8)
+    # frombuffer shares writable memory; a read-only frame (bytes) is copied once.
+    return torch.frombuffer(bytearray(view) if view.readonly else view, dtype=torch.uint8)
+
+
+class TorchRpcTransport(Transport):
+    """A `Transport` over ``torch.distributed.rpc`` (TensorPipe, TCP only), loopback only.
+
+    The binding side is rank 0 and hosts the rendezvous store at the endpoint's
+    port (port 0 picks a free one); the connecting side is rank 1. Construction
+    returns once both have joined, or raises `TransportTimeout` after ``timeout``.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        bind: bool,
+        timeout: float = 30.0,
+        limits: WireLimits = WireLimits(),
+        name: str = "",
+    ) -> None:
+        super().__init__(peer=name or f"peer at {endpoint}", timeout=timeout, limits=limits)
+        from torch.distributed import rpc
+
+        m = _TCP_RE.match(endpoint)
+        if not m:
+            raise ValueError(f"torch-rpc needs a tcp://HOST:PORT endpoint, got {endpoint!r}")
+        host, port = m["host"], int(m["port"])
+        try:
+            loopback = ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+        except (OSError, ValueError):
+            loopback = False
+        if not loopback:
+            raise ValueError(f"torch-rpc unpickles what it receives, so it is for loopback benchmarks only; got {host!r}")
+        if rpc.api._is_current_rpc_agent_set():
+            raise RuntimeError("this process already has an RPC agent: torch-rpc allows one link per process")
+        if bind and port == 0:
+            port = free_port(host)
+        self.endpoint = f"tcp://{host}:{port}"
+        self._rpc = rpc
+        self._me, self._other = (_BINDER, _CONNECTOR) if bind else (_CONNECTOR, _BINDER)
+        options = rpc.TensorPipeRpcBackendOptions(
+            init_method=self.endpoint,
+            rpc_timeout=timeout,
+            # Loopback TCP ("uv") for both, as the other transports use: TensorPipe would
+            # otherwise pick shared memory between two processes on one host.
+            _transports=["uv"],
+            _channels=["basic"],
+        )
+        # The rendezvous itself waits for the peer up to the store's timeout (the rpc_timeout).
+        try:
+            with warnings.catch_warnings():  # torch's own deprecation notice about its gloo group
+                warnings.filterwarnings("ignore", message=".*as a ProcessGroup.*", category=UserWarning)
+                rpc.init_rpc(self._me, rank=0 if bind else 1, world_size=2, rpc_backend_options=options)
+        except RuntimeError as exc:
+            raise TransportTimeout(f"torch-rpc: {self.peer} did not join at {self.endpoint} within {timeout:g} s: {exc}") from None
+        while not _inbox.empty():  # a previous link in this process may have left messages
+            _inbox.get_nowait()
+
+    def _send_frames(self, frames: list[Any], timeout: float) -> None:
+        header = bytes(frames[0])
+        tensors = [_as_tensor(f) for f in frames[1:]]
+        try:
+            self._rpc.rpc_sync(self._other, _deliver, args=(header, tensors), timeout=timeout)
+        except RuntimeError as exc:
+            raise TransportTimeout(f"torch-rpc: could not send to {self.peer} within {timeout:g} s: {exc}") from None
+
+    def _recv_frames(self, timeout: float) -> Sequence[Any]:
+        try:
+            header, *tensors = _inbox.get(timeout=timeout)
+        except queue.Empty:
+            raise TransportTimeout(f"no message from {self.peer} within {timeout:g} s") from None
+        return [header, *(memoryview(t.numpy()) for t in tensors)]
+
+    def _close(self) -> None:
+        # Graceful, so the reply to the peer's last call goes out before the agent stops;
+        # bounded, because the peer may be gone (then the local agent is stopped anyway).
+        rpc_log = logging.getLogger("torch.distributed.rpc.api")
+        level = rpc_log.level
+        rpc_log.setLevel(logging.CRITICAL)  # it logs a traceback when the peer is gone; one line below says it
+        try:
+            self._rpc.shutdown(graceful=True, timeout=min(self.timeout, _CLOSE_TIMEOUT_S))
+        except Exception as exc:  # the peer did not take part in the shutdown
+            log.info("torch-rpc: shut down without %s: %s", self.peer, str(exc).splitlines()[0])
+        finally:
+            rpc_log.setLevel(level)
+
