@@ -154,6 +154,8 @@ def write_tensorboard(runs: Sequence[RunSeries], out_dir: str | Path) -> list[Pa
     dirs = []
     for run in runs:
         log_dir = Path(out_dir) / run.name
+        for old in log_dir.glob("events.out.tfevents.*"):  # a new report replaces, rather than adds to, the old
+            old.unlink()
         writer = SummaryWriter(log_dir=str(log_dir))
         try:
             writer.add_text("settings", run.label)

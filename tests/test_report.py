@@ -95,3 +95,20 @@ def test_cli_report_and_its_errors(runs: list[Path], tmp_path: Path) -> None:
     fake_run(twin, {}, bytes_per_step=1, returns=[1.0])
     result = CliRunner().invoke(main, ["report", str(runs[0]), str(twin), "--out", str(tmp_path / "y")])
     assert result.exit_code == 2 and "distinct names" in result.output
+
+
+def test_a_run_still_starting_is_reported(tmp_path: Path) -> None:
+    """No episode finished yet (no episodes.jsonl) and a last metrics line half written."""
+    run = fake_run(tmp_path / "young", {}, bytes_per_step=100, returns=[5.0, 6.0])
+    (run / "episodes.jsonl").unlink()
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"iteration": 3, "global_st')
+    paths = make_report([run], tmp_path / "report")
+    row = paths["table"].splitlines()[2].split("|")
+    assert row[3].strip() == "2" and row[1].strip() == "young"
+    assert (tmp_path / "report" / "return.png").exists()
+
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('\n{"iteration": 4}\n')
+    with pytest.raises(ValueError, match="line 3 is not JSON"):
+        make_report([run], tmp_path / "again")

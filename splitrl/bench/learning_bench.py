@@ -70,7 +70,8 @@ def summarise_run(run_dir: Path, last_episodes: int = 20, upto: int | None = Non
         raise ValueError(f"{run_dir}: no metrics")
     last = rows[-1]
     total = link_bytes(last)
-    episodes = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines() if line.strip()]
+    path = Path(run_dir) / "episodes.jsonl"  # written when the first episode ends
+    episodes = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
     episodes = [e for e in episodes if e["iteration"] <= last["iteration"]]
     tail = [e["return"] for e in episodes[-last_episodes:]]
     settings = run_settings(run_dir)

@@ -14,14 +14,19 @@ Figures per link come from the runs' own metrics (iteration wall time, stage0's
 received messages, both stages' process CPU seconds, the byte meters). When this
 process may create network namespaces (root, ``ip``), each run gets a private
 one whose loopback is used by nothing else, and the kernel's byte counter of that
-loopback is read as well: all TCP/IP bytes the link really cost, including what
-the transport adds around our frames. Unix-socket traffic never reaches it.
+loopback is read before and after the whole run: our frames plus what the
+transport adds around them (TCP/IP headers as the loopback device counts them,
+acks, RPC's pickled calls and rendezvous), start-up and shutdown included.
+Unix-socket traffic never reaches it.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +37,8 @@ from typing import Any, Sequence
 from ..stages.curve import read_metrics
 
 __all__ = ["LINKS", "PPO_ARGS", "QUICK_PPO_ARGS", "run_swap_bench", "format_swap_table", "swap_chart", "swap_targets", "netns_available"]
+
+log = logging.getLogger(__name__)
 
 LINKS: dict[str, tuple[str, str]] = {
     "zmq-tcp": ("zmq", "tcp"),
@@ -46,8 +53,16 @@ PPO_ARGS = ("--num-steps", "512", "--epochs", "10", "--minibatches", "4", "--thr
 QUICK_PPO_ARGS = ("--num-steps", "32", "--epochs", "2", "--minibatches", "2", "--max-episode-steps", "20", "--threads", "1")
 
 
+@functools.lru_cache(maxsize=1)
 def netns_available() -> bool:
-    return hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("ip") is not None
+    """Whether this process can create (and remove) a network namespace: tried once."""
+    if not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("ip")):
+        return False
+    try:
+        with _Netns():
+            return True
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 class _Netns:
@@ -66,7 +81,9 @@ class _Netns:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=15)
+        result = subprocess.run(["ip", "netns", "del", self.name], capture_output=True, text=True, timeout=15)
+        if result.returncode != 0:
+            log.warning("could not remove network namespace %s: %s", self.name, result.stderr.strip())
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", self.name, *argv]
@@ -77,12 +94,31 @@ class _Netns:
         return int(out.stdout)
 
 
-def _endpoint(kind: str, tmp: Path) -> str:
-    if kind == "ipc":
-        return f"ipc://{tmp}/link"
+def _tcp_endpoint() -> str:
     from ..cli import free_port_pair  # a tcp port and the next one: ZeroMQ binds both
 
     return f"tcp://127.0.0.1:{free_port_pair()}"
+
+
+def _run_logged(command: Sequence[str], log_path: Path, timeout: float) -> int:
+    """Run ``command`` in its own process group, output to ``log_path``; on timeout stop the whole group."""
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout)
+        except BaseException:
+            # `splitrl run` stops both stages on SIGINT; whatever is left after that is killed.
+            for sig, grace in ((signal.SIGINT, 20.0), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            raise
 
 
 def _summarise(link: str, records: list[dict[str, Any]], kernel_bytes: int | None, run_dir: Path) -> dict[str, Any]:
@@ -107,14 +143,17 @@ def _summarise(link: str, records: list[dict[str, Any]], kernel_bytes: int | Non
         "measured_iterations": n,
         "steps_per_s": mean(lambda r: r["charts/SPS"]),
         "seconds_per_iteration": mean(lambda r: r["time/iteration"]),
-        # Every message stage0 receives answers one it sent: one round trip each.
+        # Every message stage0 receives answers one it sent: one round trip each, per second of wall time
+        # (the same count for every link, so this follows steps/s; the next figure isolates the link).
         "round_trips_per_s": mean(lambda r: messages(r) / r["time/iteration"]),
         "link_wait_per_iteration": mean(lambda r: r.get("time/link_wait", 0.0)),
         # stage0's time in send/recv beyond stage1's compute, per round trip: what the link itself costs.
         "link_us_per_round_trip": mean(lambda r: 1e6 * r.get("time/link_wait", 0.0) / max(1, messages(r))),
         "cpu_s_per_iteration": mean(lambda r: r.get("cpu/stage0", 0.0) + r.get("cpu/stage1", 0.0)),
-        "app_bytes_per_iteration": app_total / len(records),
-        "kernel_bytes_per_iteration": None if kernel_bytes is None else kernel_bytes / len(records),
+        "app_bytes_per_iteration": mean(lambda r: sum(v for k, v in r.items() if k.startswith("net/") and k.endswith("_bytes"))),
+        # Whole run, start-up and shutdown included: the kernel counter cannot be split by iteration.
+        "app_bytes_total": app_total,
+        "kernel_bytes_total": kernel_bytes,
         "run_dir": str(run_dir),
     }
 
@@ -149,24 +188,26 @@ def run_swap_bench(
         for link in (links if repeat % 2 == 0 else list(reversed(links))):
             transport, kind = LINKS[link]
             run_dir = base / f"{link}-{repeat}"
-            tmp = Path(tempfile.mkdtemp(prefix="splitrl-swap-ipc-"))
-            command = [sys.executable, "-m", "splitrl", "run", "--transport", transport,
-                       "--endpoint", _endpoint(kind, tmp), "--run-dir", str(run_dir),
-                       "--total-steps", str(iterations * num_steps), *ppo_args, *extra_args]
+            log_path = base / f"{link}-{repeat}.log"
+            tmp = Path(tempfile.mkdtemp(prefix="splitrl-swap-ipc-")) if kind == "ipc" else None
             try:
+                endpoint = f"ipc://{tmp}/link" if tmp else _tcp_endpoint()
+                command = [sys.executable, "-m", "splitrl", "run", "--transport", transport, "--endpoint", endpoint,
+                           "--run-dir", str(run_dir), "--total-steps", str(iterations * num_steps), *ppo_args, *extra_args]
                 kernel = None
                 if use_netns:
                     with _Netns() as ns:
                         before = ns.lo_bytes()
-                        result = subprocess.run(ns.wrap(command), capture_output=True, text=True, timeout=timeout)
+                        code = _run_logged(ns.wrap(command), log_path, timeout)
                         kernel = ns.lo_bytes() - before if kind == "tcp" else None
                 else:
-                    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+                    code = _run_logged(command, log_path, timeout)
             finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-            (base / f"{link}-{repeat}.log").write_text(result.stdout + result.stderr)
-            if result.returncode != 0:
-                raise RuntimeError(f"{link}: `{' '.join(command)}` exited {result.returncode}:\n{result.stderr[-3000:]}")
+                if tmp is not None:
+                    shutil.rmtree(tmp, ignore_errors=True)
+            if code != 0:
+                raise RuntimeError(f"{link}: `{' '.join(command)}` exited {code}; its output: {log_path}:\n"
+                                   f"{log_path.read_text()[-3000:]}")
             row = _summarise(link, read_metrics(run_dir), kernel, run_dir)
             row["repeat"] = repeat
             rows.append(row)
@@ -188,7 +229,7 @@ def _mean_by_link(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 out[link][key] += value
     for link, row in out.items():
         for key in ("steps_per_s", "seconds_per_iteration", "round_trips_per_s", "link_wait_per_iteration", "link_us_per_round_trip",
-                    "cpu_s_per_iteration", "app_bytes_per_iteration", "kernel_bytes_per_iteration"):
+                    "cpu_s_per_iteration", "app_bytes_per_iteration", "app_bytes_total", "kernel_bytes_total"):
             if row.get(key) is not None:
                 row[key] /= counts[link]
         row["repeats"] = counts[link]
@@ -200,17 +241,16 @@ def format_swap_table(rows: Sequence[dict[str, Any]], reference: str = "torch-rp
     means = _mean_by_link(rows)
     ref = next((r for r in means if r["link"] == reference), None)
     lines = [
-        f"| link | steps/s | x {reference} | s/iteration | link wait s/iteration | round trips/s | link us/round trip "
-        "| CPU s/iteration (both stages) | frame MB/iteration | kernel MB/iteration |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| link | steps/s | x {reference} | s/iteration | round trips/s (wall) | link wait us/round trip "
+        "| CPU s/iteration (both stages) | frame MB/iteration | loopback bytes / frame bytes (whole run) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in means:
         ratio = f"{r['steps_per_s'] / ref['steps_per_s']:.2f}" if ref else ""
-        kernel = "n/a" if r["kernel_bytes_per_iteration"] is None else f"{r['kernel_bytes_per_iteration'] / 1e6:.2f}"
+        kernel = "n/a" if r["kernel_bytes_total"] is None else f"{r['kernel_bytes_total'] / r['app_bytes_total']:.3f}"
         lines.append(
             f"| {r['link']} | {r['steps_per_s']:.1f} | {ratio} | {r['seconds_per_iteration']:.1f} "
-            f"| {r['link_wait_per_iteration']:.2f} | {r['round_trips_per_s']:.0f} | {r['link_us_per_round_trip']:.0f} "
-            f"| {r['cpu_s_per_iteration']:.1f} "
+            f"| {r['round_trips_per_s']:.0f} | {r['link_us_per_round_trip']:.0f} | {r['cpu_s_per_iteration']:.1f} "
             f"| {r['app_bytes_per_iteration'] / 1e6:.2f} | {kernel} |"
         )
     return "\n".join(lines)
@@ -223,7 +263,7 @@ def swap_chart(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     plt = pyplot()
     means = _mean_by_link(rows)
     names = [r["link"] for r in means]
-    panels = [("steps_per_s", "env steps / s"), ("round_trips_per_s", "round trips / s"),
+    panels = [("steps_per_s", "env steps / s"), ("round_trips_per_s", "round trips / s (wall)"),
               ("link_us_per_round_trip", "link wait us / round trip"),
               ("cpu_s_per_iteration", "CPU s / iteration (both stages)")]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))

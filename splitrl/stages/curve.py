@@ -13,7 +13,16 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise ValueError(f"{run_dir}: no metrics.jsonl (is it a splitrl run directory?)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                break  # a run still writing its last line
+            raise ValueError(f"{path}: line {number} is not JSON ({exc})") from None
+    return records
 
 
 def link_bytes(record: dict[str, Any]) -> int:

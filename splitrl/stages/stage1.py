@@ -198,11 +198,11 @@ class Stage1:
         stats: dict[str, Any] = {k: sum(v) / len(v) for k, v in self.stats.items() if v}
         stats["losses/explained_variance"] = explained_variance(self.buffer.b_values, self.buffer.b_returns)
         stats["time/heads"] = self.compute_seconds
-        cpu_now = time.process_time()
-        stats["cpu/stage1"] = cpu_now - self._cpu_mark
-        self._cpu_mark = cpu_now
         if msg.header.get("checkpoint") and self.run_log is not None:
             self.run_log.checkpoint(STAGE1, iteration, self.state_dict())
+        cpu_now = time.process_time()  # after the checkpoint, as stage0's figure includes its own
+        stats["cpu/stage1"] = cpu_now - self._cpu_mark
+        self._cpu_mark = cpu_now
         self.stats.clear()
         self.compute_seconds = 0.0
         self.schedule = []

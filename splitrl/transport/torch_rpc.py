@@ -15,13 +15,17 @@ connects to, loopback addresses. One RPC agent per process: one link per process
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
 import logging
 import queue
 import re
+import os
 import socket
+import urllib.parse
 import warnings
-from typing import Any, Sequence
+from datetime import timedelta
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -44,6 +48,33 @@ _inbox: "queue.Queue[list[Any]]" = queue.Queue()
 def _deliver(header: bytes, tensors: list[torch.Tensor]) -> None:
     """Runs in the receiving process, on an RPC thread."""
     _inbox.put([header, *tensors])
+
+
+_SCHEME = "splitrl-loopback"
+_IFNAME_VARS = ("TP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def _loopback_rendezvous(url: str, timeout: timedelta = timedelta(seconds=300), **_: Any) -> Iterator[tuple[Any, int, int]]:
+    """torch.distributed rendezvous handler: rank 0 serves the store on a socket we bound to loopback."""
+    from torch.distributed import TCPStore
+
+    parsed = urllib.parse.urlparse(url)
+    query = dict(urllib.parse.parse_qsl(parsed.query))
+    rank, world_size = int(query["rank"]), int(query["world_size"])
+    if rank == 0:
+        store = TCPStore(parsed.hostname, parsed.port, world_size, True, timeout,
+                         master_listen_fd=os.dup(int(query["fd"])), use_libuv=False)
+    else:
+        store = TCPStore(parsed.hostname, parsed.port, world_size, False, timeout)
+    yield store, rank, world_size
+    raise RuntimeError("torch-rpc: the rendezvous is single-use")
+
+
+def _register_rendezvous() -> None:
+    # By module path: torch.distributed.rendezvous is also the name of a function.
+    handlers = importlib.import_module("torch.distributed.rendezvous")
+    if _SCHEME not in handlers._rendezvous_handlers:
+        handlers.register_rendezvous_handler(_SCHEME, _loopback_rendezvous)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -93,28 +124,47 @@ class TorchRpcTransport(Transport):
             raise ValueError(f"torch-rpc unpickles what it receives, so it is for loopback benchmarks only; got {host!r}")
         if rpc.api._is_current_rpc_agent_set():
             raise RuntimeError("this process already has an RPC agent: torch-rpc allows one link per process")
-        if bind and port == 0:
-            port = free_port(host)
-        self.endpoint = f"tcp://{host}:{port}"
         self._rpc = rpc
         self._me, self._other = (_BINDER, _CONNECTOR) if bind else (_CONNECTOR, _BINDER)
+        listener = None
+        if bind:
+            # Our own listening socket on the loopback address for the rendezvous store:
+            # torch's tcp:// rendezvous would listen on every interface.
+            listener = socket.create_server((host, port))
+            port = listener.getsockname()[1]
+        self.endpoint = f"tcp://{host}:{port}"
+        _register_rendezvous()
         options = rpc.TensorPipeRpcBackendOptions(
-            init_method=self.endpoint,
+            init_method=f"{_SCHEME}://{host}:{port}" + (f"?fd={listener.fileno()}" if listener else ""),
             rpc_timeout=timeout,
             # Loopback TCP ("uv") for both, as the other transports use: TensorPipe would
             # otherwise pick shared memory between two processes on one host.
             _transports=["uv"],
             _channels=["basic"],
         )
-        # The rendezvous itself waits for the peer up to the store's timeout (the rpc_timeout).
+        while not _inbox.empty():  # a previous link in this process may have left messages
+            _inbox.get_nowait()
+        saved = {k: os.environ.get(k) for k in _IFNAME_VARS}
+        # TensorPipe's and gloo's listeners take the hostname's address unless told the interface.
+        os.environ.update({k: "lo" for k in _IFNAME_VARS})
         try:
             with warnings.catch_warnings():  # torch's own deprecation notice about its gloo group
                 warnings.filterwarnings("ignore", message=".*as a ProcessGroup.*", category=UserWarning)
                 rpc.init_rpc(self._me, rank=0 if bind else 1, world_size=2, rpc_backend_options=options)
         except RuntimeError as exc:
-            raise TransportTimeout(f"torch-rpc: {self.peer} did not join at {self.endpoint} within {timeout:g} s: {exc}") from None
-        while not _inbox.empty():  # a previous link in this process may have left messages
-            _inbox.get_nowait()
+            if rpc.api._is_current_rpc_agent_set():  # torch leaves a half-started agent behind
+                rpc.shutdown(graceful=False)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TransportTimeout(f"torch-rpc: no session with {self.peer} at {self.endpoint} "
+                                   f"within {timeout:g} s: {first}") from None
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            if listener is not None:
+                listener.close()  # the store duplicated it (or failed)
 
     def _send_frames(self, frames: list[Any], timeout: float) -> None:
         header = bytes(frames[0])

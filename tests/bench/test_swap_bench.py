@@ -10,7 +10,7 @@ from splitrl.bench.swap_bench import LINKS, format_swap_table, netns_available, 
 
 
 def test_quick_swap_runs_the_same_training_over_every_link(tmp_path) -> None:
-    rows = run_swap_bench(iterations=2, quick=True, out_dir=str(tmp_path))
+    rows = run_swap_bench(iterations=2, quick=True, out_dir=str(tmp_path), timeout=300)
     assert [r["link"] for r in rows] == list(LINKS)
     for row in rows:
         assert row["iterations"] == 2 and row["measured_iterations"] == 1
@@ -19,16 +19,17 @@ def test_quick_swap_runs_the_same_training_over_every_link(tmp_path) -> None:
             assert math.isfinite(row[key]) and row[key] > 0, (row["link"], key)
     # Same seed, schedule and frames: every link carries exactly the same bytes of ours.
     assert len({r["app_bytes_per_iteration"] for r in rows}) == 1
+    assert len({r["app_bytes_total"] for r in rows}) == 1
     if netns_available():
         for row in rows:
             if row["endpoint"] == "ipc":
-                assert row["kernel_bytes_per_iteration"] is None  # a Unix socket never reaches lo
+                assert row["kernel_bytes_total"] is None  # a Unix socket never reaches lo
             else:
                 # TCP/IP headers and acks (and RPC's own envelope) come on top of our frames.
-                assert row["kernel_bytes_per_iteration"] > row["app_bytes_per_iteration"]
+                assert row["kernel_bytes_total"] > row["app_bytes_total"]
         rpc = next(r for r in rows if r["link"] == "torch-rpc")
         zmq = next(r for r in rows if r["link"] == "zmq-tcp")
-        assert rpc["kernel_bytes_per_iteration"] > zmq["kernel_bytes_per_iteration"]
+        assert rpc["kernel_bytes_total"] > zmq["kernel_bytes_total"]
 
     table = format_swap_table(rows).splitlines()
     assert len(table) == 2 + len(LINKS)
@@ -47,7 +48,7 @@ def test_repeats_are_averaged_in_the_table() -> None:
     base = {"transport": "zmq", "endpoint": "tcp", "iterations": 3, "measured_iterations": 2,
             "seconds_per_iteration": 2.0, "round_trips_per_s": 100.0, "link_wait_per_iteration": 0.5,
             "link_us_per_round_trip": 50.0, "cpu_s_per_iteration": 3.0, "app_bytes_per_iteration": 2e6,
-            "kernel_bytes_per_iteration": None, "run_dir": "x"}
+            "app_bytes_total": 6e6, "kernel_bytes_total": None, "run_dir": "x"}
     rows = [dict(base, link="zmq-tcp", steps_per_s=10.0, repeat=0), dict(base, link="torch-rpc", steps_per_s=4.0, repeat=0),
             dict(base, link="torch-rpc", steps_per_s=6.0, repeat=1), dict(base, link="zmq-tcp", steps_per_s=20.0, repeat=1)]
     table = format_swap_table(rows).splitlines()
@@ -63,6 +64,6 @@ def test_targets_read_the_micro_benchmark_rows() -> None:
     micro = [row("raw-zmq", 16384, 100.0, 800.0), row("zmq", 16384, 300.0, 300.0), row("torch-rpc", 16384, 3300.0, 5.0),
              row("raw-zmq", 1 << 20, 500.0, 3000.0), row("zmq", 1 << 20, 510.0, 2900.0)]
     lines = swap_targets(micro)
-    assert "11.0x the rate" in lines[0] and "met" in lines[0]
+    assert "11.0x the rate" in lines[0] and lines[0].endswith("met)")
     assert "16384 B" in lines[1] and "missed" in lines[1]
     assert "1048576 B" in lines[2] and "throughput 0.97x" in lines[2] and lines[2].endswith("met)")
