@@ -51,8 +51,8 @@ def _load(run_dir, stage):
 
 def _metrics(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # Wall-clock figures differ between runs by nature; everything else must not.
-    return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "charts/SPS"} for r in rows]
+    # Wall-clock and CPU-time figures differ between runs by nature; everything else must not.
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "cpu/")) and k != "charts/SPS"} for r in rows]
 
 
 # Lossless codecs change the bytes, never the numbers: the ReLU-sparse features are
@@ -63,9 +63,9 @@ LOSSLESS = ["--codec-rollout", "relu+zstd", "--codec-fwd", "relu", "--codec-bwd"
 
 @pytest.mark.parametrize(
     "cut, transport, codecs",
-    [("cnn", "zmq", []), ("input", "zmq", []), ("cnn", "tcp", []), ("cnn", "zmq", LOSSLESS),
+    [("cnn", "zmq", []), ("input", "zmq", []), ("cnn", "tcp", []), ("cnn", "torch-rpc", []), ("cnn", "zmq", LOSSLESS),
      ("input", "tcp", ["--codec-rollout", "frames"])],
-    ids=["cnn-zmq", "input-zmq", "cnn-tcp", "cnn-zmq-lossless-codecs", "input-tcp-frames"],
+    ids=["cnn-zmq", "input-zmq", "cnn-tcp", "cnn-torch-rpc", "cnn-zmq-lossless-codecs", "input-tcp-frames"],
 )
 def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, cut, transport, codecs):
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
