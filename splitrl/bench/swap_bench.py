@@ -215,25 +215,18 @@ def run_swap_bench(
 
 
 def _mean_by_link(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Repeats averaged, in first-seen link order."""
-    out: dict[str, dict[str, Any]] = {}
-    counts: dict[str, int] = {}
+    """Repeats averaged (every numeric figure), in first-seen link order."""
+    groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        link = row["link"]
-        if link not in out:
-            out[link], counts[link] = dict(row), 1
-            continue
-        counts[link] += 1
-        for key, value in row.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and out[link].get(key) is not None:
-                out[link][key] += value
-    for link, row in out.items():
-        for key in ("steps_per_s", "seconds_per_iteration", "round_trips_per_s", "link_wait_per_iteration", "link_us_per_round_trip",
-                    "cpu_s_per_iteration", "app_bytes_per_iteration", "app_bytes_total", "kernel_bytes_total"):
-            if row.get(key) is not None:
-                row[key] /= counts[link]
-        row["repeats"] = counts[link]
-    return list(out.values())
+        groups.setdefault(row["link"], []).append(row)
+    out = []
+    for group in groups.values():
+        mean = dict(group[0], repeats=len(group))
+        for key, value in group[0].items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "repeat":
+                mean[key] = sum(r[key] for r in group) / len(group)
+        out.append(mean)
+    return out
 
 
 def format_swap_table(rows: Sequence[dict[str, Any]], reference: str = "torch-rpc") -> str:

@@ -18,9 +18,9 @@ from __future__ import annotations
 import importlib
 import ipaddress
 import logging
+import os
 import queue
 import re
-import os
 import socket
 import urllib.parse
 import warnings
