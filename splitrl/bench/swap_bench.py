@@ -249,6 +249,11 @@ def format_swap_table(rows: Sequence[dict[str, Any]], reference: str = "torch-rp
     return "\n".join(lines)
 
 
+def _bar_value(value: float) -> str:
+    """Bar labels: whole numbers from 100 up (3,445 rather than 3.45e+03), three digits below."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def swap_chart(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """A PNG of four bar panels: steps/s, round trips/s, link wait per round trip, CPU s per iteration."""
     from ..report import pyplot
@@ -263,7 +268,7 @@ def swap_chart(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     for ax, (key, title) in zip(axes, panels):
         values = [r[key] for r in means]
         bars = ax.bar(names, values, color=["#4c72b0", "#55a868", "#8172b2", "#c44e52"][: len(names)])
-        ax.bar_label(bars, fmt="%.3g", fontsize=8)
+        ax.bar_label(bars, fmt=_bar_value, fontsize=8)
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     fig.suptitle("the same short PPO run over each link", fontsize=11)
