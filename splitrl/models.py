@@ -66,14 +66,31 @@ class ActorCriticHeads(nn.Module):
         return self.critic(self.trunk(x)).squeeze(-1)
 
     def get_action_and_value(
-        self, x: torch.Tensor, action: torch.Tensor | None = None, generator: torch.Generator | None = None
+        self, x: torch.Tensor, action: torch.Tensor | None = None, generator: torch.Generator | None = None,
+        offset: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(pre-tanh action u, log-prob, entropy, value); samples u when ``action`` is None."""
+        """(pre-tanh action u, log-prob, entropy, value); samples u when ``action`` is None.
+
+        ``offset`` (rows of `outputs`' layout) is added to the actor's mean and the value:
+        the change that stage0's newer features make (see `splitrl.codecs.replica`).
+        """
         hidden = self.trunk(x)
-        dist = TanhGaussian(self.actor_mean(hidden), clamp_log_std(self.actor_logstd))
+        mean, value = self.actor_mean(hidden), self.critic(hidden).squeeze(-1)
+        if offset is not None:
+            mean, value = mean + offset[:, :-1], value + offset[:, -1]
+        dist = TanhGaussian(mean, clamp_log_std(self.actor_logstd))
         if action is None:
             action = dist.sample(generator)
-        return action, dist.log_prob(action), dist.entropy(), self.critic(hidden).squeeze(-1)
+        return action, dist.log_prob(action), dist.entropy(), value
+
+    def outputs(self, x: torch.Tensor) -> torch.Tensor:
+        """Everything the loss takes from the features: [actor mean, value], one row per sample."""
+        hidden = self.trunk(x)
+        return torch.cat([self.actor_mean(hidden), self.critic(hidden)], dim=1)
+
+    def replicated(self) -> list[tuple[str, torch.Tensor]]:
+        """The weights `outputs` uses (all but the log-std): what stage0's replica holds."""
+        return [(name, p) for name, p in self.named_parameters() if name != "actor_logstd"]
 
 
 def build_agent(

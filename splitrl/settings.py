@@ -17,7 +17,7 @@ __all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "TrainSettings", "RunO
 TRANSPORTS = ("zmq", "tcp", "torch-rpc")
 CUTS = ("cnn", "input")
 ACTION_MAPS = ("clip", "affine")
-CODEC_NAMES = ("fp32", "bf16", "fp16", "int8", "relu", "delta", "paper", "ef", "frames")
+CODEC_NAMES = ("fp32", "bf16", "fp16", "int8", "relu", "delta", "paper", "ef", "frames", "replica")
 """The codecs of `splitrl.codecs.CODECS`, named here so --help needs no torch import."""
 """Where the network is split: after the CNN (the paper's pipeline) or before its
 first layer (the paper's "cloud setup": raw observations cross the link)."""
@@ -130,6 +130,12 @@ class CodecSettings:
                 out.append(f"--codec-{stream} {spec!r}: with --cut input nothing crosses the link in training")
             if cut != "input" and base == "frames":
                 out.append("--codec-rollout frames needs --cut input (it sends pixels)")
+            if base == "replica" and hasattr(codec, "inner"):
+                out.append(f"--codec-{stream} {spec!r}: replica takes no +zstd layer (it sends a few floats a sample)")
+        replica = [s for s in ("fwd", "bwd") if getattr(self, f"codec_{s}").strip().partition("+")[0].partition(":")[0] == "replica"]
+        if len(replica) == 1:
+            out.append("--codec-fwd replica and --codec-bwd replica go together (the gradient is w.r.t. the heads' "
+                       f"outputs that the fwd stream sends); only --codec-{replica[0]} is replica")
         return out
 
     def specs(self) -> dict[str, str]:

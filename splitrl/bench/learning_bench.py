@@ -36,6 +36,10 @@ CONFIGS: dict[str, list[str]] = {
     # (int8 deltas against the rollout view, 0.02 % error), to see whether staleness is the cause.
     "ours-exact-fwd": ["--codec-rollout", "int8+zstd", "--codec-fwd", "delta+zstd",
                        "--codec-bwd", "ef:density=0.06,values=int8+zstd"],
+    # Stale or top-k training features cost the return. This keeps stage1's view of what matters
+    # exact to second order instead: stage0 holds a replica of the heads (an int8 weight update
+    # per iteration) and training sends only the change of the heads' outputs, 4 floats a sample.
+    "ours-replica": ["--codec-rollout", "int8+zstd", "--codec-fwd", "replica", "--codec-bwd", "replica"],
     "cloud-frames": ["--cut", "input", "--codec-rollout", "frames"],
 }
 """The paper's (fp32 features, sparse gradients after a 30,000-step warm start), the

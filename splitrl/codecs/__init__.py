@@ -17,12 +17,13 @@ from .base import STREAMS, Codec, CodecError, Context, Encoded, Param
 from .delta import Delta
 from .dense import Bf16, Fp16, Fp32, Int8
 from .lossless import Frames, Zstd
+from .replica import HeadsSync, Replica
 from .sparse import TopKErrorFeedback, Paper, ReluSparse
 
-__all__ = ["CODECS", "STREAMS", "Codec", "CodecError", "CodecSet", "Context", "Encoded", "Param", "parse_codec", "catalogue"]
+__all__ = ["CODECS", "STREAMS", "Codec", "CodecError", "CodecSet", "Context", "Encoded", "HeadsSync", "Param", "Replica", "parse_codec", "catalogue"]
 
 CODECS: dict[str, type[Codec]] = {
-    c.name: c for c in (Fp32, Bf16, Fp16, Int8, ReluSparse, Delta, Paper, TopKErrorFeedback, Frames)
+    c.name: c for c in (Fp32, Bf16, Fp16, Int8, ReluSparse, Delta, Paper, TopKErrorFeedback, Frames, Replica)
 }
 
 
@@ -83,6 +84,12 @@ class CodecSet:
     def __init__(self, rollout: str = "fp32", fwd: str = "fp32", bwd: str = "fp32") -> None:
         self.codecs = {"rollout": parse_codec(rollout, "rollout"), "fwd": parse_codec(fwd, "fwd"),
                        "bwd": parse_codec(bwd, "bwd")}
+
+    @property
+    def replica(self) -> Replica | None:
+        """The fwd stream's `Replica` when training sends the heads' outputs, else None."""
+        codec = self.codecs["fwd"]
+        return codec if isinstance(codec, Replica) else None
 
     def __getitem__(self, stream: str) -> Codec:
         return self.codecs[stream]

@@ -23,23 +23,14 @@ from .base import Codec, CodecError, Context, Encoded, Param, part
 from .dense import VALUE_DTYPES, dequantise8, quantise8
 from .sparse import pack_selected, unpack_selected
 
-__all__ = ["Delta"]
+__all__ = ["Delta", "RolloutView"]
 
 
-class Delta(Codec):
-    name = "delta"
-    help = "training features as the quantised change against the rollout's cached view (AQ-SGD)"
-    streams = ("fwd",)
-    params = {
-        "q": Param(str, "int8", "how the change is sent ('none': not at all)",
-                   ("none", "fp32", "bf16", "fp16", "int8", "topk")),
-        "density": Param(float, 0.05, "with q=topk: fraction of entries sent (int8 values, per-row scale)"),
-    }
+class RolloutView:
+    """Each sample's rollout features as stage1 decoded them, kept alike on both sides."""
 
-    def __init__(self, **values: Any) -> None:
-        super().__init__(**values)
-        if not 0.0 < self.density <= 1.0:
-            raise ValueError(f"delta: need 0 < density <= 1; got {self.spec()}")
+    def __init__(self, codec: str) -> None:
+        self.codec = codec
         self.view: torch.Tensor | None = None
         self.filled: torch.Tensor | None = None
 
@@ -56,13 +47,41 @@ class Delta(Codec):
         self.view[idx] = rows
         self.filled[idx] = True
 
-    def _base(self, ctx: Context, shape: tuple[int, ...]) -> torch.Tensor:
-        idx = ctx.idx
+    def rows(self, idx: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
+        """view[idx] for a tensor of ``shape`` (one row per sample); `CodecError` if any is missing."""
         if idx is None or self.view is None or len(idx) != shape[0] or int(idx.max()) >= self.view.shape[0] \
                 or not bool(self.filled[idx].all()) or self.view.shape[1] != math.prod(shape[1:]):
-            raise CodecError("codec 'delta': no cached rollout features for these samples "
+            raise CodecError(f"codec {self.codec!r}: no cached rollout features for these samples "
                              "(the rollout stream must carry every sample first)")
         return self.view[idx]
+
+
+class Delta(Codec):
+    name = "delta"
+    help = "training features as the quantised change against the rollout's cached view (AQ-SGD)"
+    streams = ("fwd",)
+    params = {
+        "q": Param(str, "int8", "how the change is sent ('none': not at all)",
+                   ("none", "fp32", "bf16", "fp16", "int8", "topk")),
+        "density": Param(float, 0.05, "with q=topk: fraction of entries sent (int8 values, per-row scale)"),
+    }
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**values)
+        if not 0.0 < self.density <= 1.0:
+            raise ValueError(f"delta: need 0 < density <= 1; got {self.spec()}")
+        self.cache = RolloutView(self.name)
+
+    @property
+    def view(self) -> torch.Tensor | None:
+        """Every sample's features as stage1 has them (None before the first rollout)."""
+        return self.cache.view
+
+    def observe(self, idx: torch.Tensor, x: torch.Tensor) -> None:
+        self.cache.observe(idx, x)
+
+    def _base(self, ctx: Context, shape: tuple[int, ...]) -> torch.Tensor:
+        return self.cache.rows(ctx.idx, shape)
 
     def encode(self, x: torch.Tensor, ctx: Context) -> Encoded:
         shape = tuple(x.shape)
@@ -81,7 +100,7 @@ class Delta(Codec):
             sent = diff.to(VALUE_DTYPES[self.q])
             enc = Encoded({"d": sent}, {}, sent.float())
         new = base + enc.recon.reshape(base.shape)
-        self.view[ctx.idx] = new
+        self.cache.view[ctx.idx] = new
         enc.recon = new.reshape(shape)
         return enc
 
@@ -100,5 +119,5 @@ class Delta(Codec):
         else:
             change = part(parts, "d", VALUE_DTYPES[self.q], shape=tuple(base.shape), codec=self.name).float()
         new = base + change
-        self.view[ctx.idx] = new
+        self.cache.view[ctx.idx] = new
         return new.reshape(shape).to(dtype)

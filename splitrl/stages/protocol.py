@@ -5,7 +5,8 @@ stage0 drives; stage1 only answers. Per iteration:
   rollout   stage0 -> step {features[, reward, terminated, truncated, final_features, final_index]}
             stage1 -> action {action}                      (num_steps times)
             stage0 -> rollout_end {features, reward, terminated, truncated[, final_*]}
-  training  stage0 -> train_fwd {features} header {epoch, mb}
+            stage1 -> heads {<weight updates>}             (only with the replica codec)
+  training  stage0 -> train_fwd {features | outputs} header {epoch, mb}
             stage1 -> train_bwd {grad}                     (epochs x minibatches times,
                                                             only when stage0 holds parameters)
   wrap-up   stage0 -> iter_end header {iteration, checkpoint}
@@ -31,7 +32,7 @@ STAGE0 = "stage0"
 STAGE1 = "stage1"
 
 KINDS = frozenset(
-    {"step", "action", "rollout_end", "train_fwd", "train_bwd", "iter_end", "progress", "iter_stats", "close"}
+    {"step", "action", "rollout_end", "heads", "train_fwd", "train_bwd", "iter_end", "progress", "iter_stats", "close"}
 )
 
 LIMITS = WireLimits(kinds=KINDS)

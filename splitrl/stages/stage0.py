@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..codecs import CodecSet, Context
+from ..codecs import CodecSet, Context, HeadsSync
 from ..envs import EnvSpec, make_vector_env, to_chw, to_env_action
 from ..models import build_agent
 from ..ppo import minibatch_schedule
@@ -47,7 +47,7 @@ class Stage0:
     def __init__(self, settings: TrainSettings, spec: EnvSpec, run_log: RunLog, *, checkpoint_every: int = 10) -> None:
         self.settings, self.spec, self.run_log = settings, spec, run_log
         self.checkpoint_every = checkpoint_every
-        self.net, _ = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed, settings.ppo.init_log_std)
+        self.net, heads = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed, settings.ppo.init_log_std)
         params = list(self.net.parameters())
         self.optimizer = torch.optim.Adam(params, lr=settings.ppo.lr_encoder, eps=1e-5) if params else None
         n, t = settings.env.num_envs, settings.ppo.num_steps
@@ -60,6 +60,11 @@ class Stage0:
         self.clock = _Clock()
         self.codecs = CodecSet(**settings.codecs.specs())
         self.all_envs = torch.arange(n)
+        # With the replica codec: the heads as stage1 last sent them (never trained here).
+        replica = self.codecs.replica
+        self.replica_heads = heads.requires_grad_(False) if replica is not None else None
+        self.heads_sync = HeadsSync(heads.replicated(), replica.sync) if replica is not None else None
+        self.view_outputs: torch.Tensor | None = None
 
     # -- pieces ----------------------------------------------------------------------
     def _encode(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -132,8 +137,22 @@ class Stage0:
             tensors, header = self._outcome(reward, terminated, truncated, info)
         ctx = Context(envs=self.all_envs, global_step=self.global_step)
         self.codecs.pack("rollout", "features", self._encode(to_chw(next_obs, self.stacked)), ctx, tensors, header)
-        self._exchange(link, "rollout_end", tensors, header, None)
+        if self.replica_heads is None:
+            self._exchange(link, "rollout_end", tensors, header, None)
+        else:
+            self._sync_replica(self._exchange(link, "rollout_end", tensors, header, "heads"), n * self.settings.ppo.num_steps)
         return next_obs
+
+    def _sync_replica(self, msg: Message, samples: int) -> None:
+        """Update the heads' replica, then its outputs on every sample's rollout view."""
+        start = time.perf_counter()
+        view = self.heads_sync.decode(msg.tensors)
+        with torch.no_grad():
+            for name, p in self.replica_heads.replicated():
+                p.copy_(view[name])
+            rows = self.codecs.replica.view_rows(torch.arange(samples), self.replica_heads.critic[0].in_features)
+            self.view_outputs = torch.cat([self.replica_heads.outputs(chunk) for chunk in rows.split(1024)])
+        self.clock.add("codec", start)
 
     def train(self, link: Transport, iteration: int) -> None:
         if self.optimizer is None:
@@ -150,15 +169,21 @@ class Stage0:
                 tensors: dict[str, torch.Tensor] = {}
                 header: dict[str, Any] = {"epoch": epoch, "mb": mb}
                 ctx = Context(idx=idx, global_step=self.global_step)
-                seen = self.codecs.pack("fwd", "features", features.detach(), ctx, tensors, header)
+                if self.replica_heads is None:
+                    sent, name = features, "features"
+                    seen = self.codecs.pack("fwd", name, features.detach(), ctx, tensors, header)
+                else:  # the change of the heads' outputs since the rollout, through the replica
+                    sent, name = self.replica_heads.outputs(features), "outputs"
+                    self.codecs.pack("fwd", name, sent.detach() - self.view_outputs[idx], ctx, tensors, header)
+                    seen = None
                 self.clock.add("codec", start)
                 msg = self._exchange(link, "train_fwd", tensors, header, "train_bwd")
                 start = time.perf_counter()
-                ctx = Context(idx=idx, mask=seen != 0, global_step=self.global_step)
-                grad = self.codecs.unpack("bwd", "grad", msg.tensors, msg.header, ctx, tuple(features.shape), features.dtype)
+                ctx = Context(idx=idx, mask=None if seen is None else seen != 0, global_step=self.global_step)
+                grad = self.codecs.unpack("bwd", "grad", msg.tensors, msg.header, ctx, tuple(sent.shape), sent.dtype)
                 start = self.clock.add("codec", start)
                 self.optimizer.zero_grad(set_to_none=True)
-                torch.autograd.backward(features, grad)
+                torch.autograd.backward(sent, grad)
                 nn.utils.clip_grad_norm_(params, ppo.max_grad_norm)
                 self.optimizer.step()
                 self.clock.add("encoder", start)

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from ..codecs import CodecSet, Context
+from ..codecs import CodecSet, Context, HeadsSync
 from ..envs import EnvSpec
 from ..models import build_agent
 from ..ppo import RolloutBuffer, explained_variance, minibatch_schedule, ppo_loss
@@ -64,6 +64,8 @@ class Stage1:
         self._cpu_mark = time.process_time()  # process CPU seconds at the start of the iteration
         self.codecs = CodecSet(**settings.codecs.specs())
         self.all_envs = torch.arange(n)
+        replica = self.codecs.replica
+        self.heads_sync = HeadsSync(self.heads.replicated(), replica.sync) if replica is not None else None
 
     # -- helpers -------------------------------------------------------------------
     def _input(self, msg: Message, stream: str, ctx: Context, name: str = "features") -> torch.Tensor:
@@ -93,10 +95,11 @@ class Stage1:
             final_values[index] = self.heads.get_value(self._input(msg, "rollout", ctx, "final_features"))
         self.buffer.add_outcome(step, rewards=reward, terminated=terminated, truncated=truncated, final_values=final_values)
 
-    def _learn(self, x: torch.Tensor, idx: torch.Tensor) -> None:
-        """One PPO minibatch update of the heads; gradients reach ``x`` if it requires them."""
+    def _learn(self, x: torch.Tensor, idx: torch.Tensor, offset: torch.Tensor | None = None) -> None:
+        """One PPO minibatch update of the heads; gradients reach ``x`` (or ``offset``, added to
+        the heads' outputs) if it requires them."""
         b, ppo = self.buffer, self.settings.ppo
-        _, newlogprob, entropy, newvalue = self.heads.get_action_and_value(x, b.b_actions[idx])
+        _, newlogprob, entropy, newvalue = self.heads.get_action_and_value(x, b.b_actions[idx], offset=offset)
         loss, stats = ppo_loss(
             newlogprob, b.b_logprobs[idx], b.b_advantages[idx], newvalue, b.b_values[idx], b.b_returns[idx], entropy,
             clip_coef=ppo.clip_coef, vf_coef=ppo.vf_coef, ent_coef=ppo.ent_coef,
@@ -165,7 +168,10 @@ class Stage1:
         )
         self.next_minibatch = (0, 0)
         self.step = 0
-        return iter(())
+        if self.heads_sync is None:
+            return iter(())
+        # stage0's replica of the heads, brought up to date before it trains.
+        return iter([("heads", self.heads_sync.encode(self.heads.replicated()), {"iteration": self.iteration})])
 
     def _on_train_fwd(self, msg: Message) -> Iterator[Reply]:
         epoch, mb = msg.header.get("epoch"), msg.header.get("mb")
@@ -173,12 +179,22 @@ class Stage1:
             raise ProtocolError(f"train_fwd: expected minibatch {self.next_minibatch}, got {(epoch, mb)}")
         idx = self.schedule[epoch][mb]
         step = self.iteration * self.settings.steps_per_iteration
-        seen = self._input(msg, "fwd", Context(idx=idx, global_step=step))
-        x = seen.detach().requires_grad_()
-        self._learn(x, idx)
         tensors: dict[str, torch.Tensor] = {}
         header: dict[str, Any] = {"epoch": epoch, "mb": mb}
-        self.codecs.pack("bwd", "grad", x.grad, Context(idx=idx, mask=seen != 0, global_step=step), tensors, header)
+        replica = self.codecs.replica
+        if replica is None:
+            seen = self._input(msg, "fwd", Context(idx=idx, global_step=step))
+            x = seen.detach().requires_grad_()
+            self._learn(x, idx)
+            self.codecs.pack("bwd", "grad", x.grad, Context(idx=idx, mask=seen != 0, global_step=step), tensors, header)
+        else:
+            # The heads train on the rollout's features plus the change stage0's replica saw.
+            ctx = Context(idx=idx, global_step=step)
+            width = self.spec.action_dim + 1
+            change = self.codecs.unpack("fwd", "outputs", msg.tensors, msg.header, ctx, (len(idx), width), torch.float32)
+            offset = change.requires_grad_()
+            self._learn(replica.view_rows(idx, self.feature_dim), idx, offset)
+            self.codecs.pack("bwd", "grad", offset.grad, ctx, tensors, header)
         mb += 1
         self.next_minibatch = (epoch + 1, 0) if mb == self.settings.ppo.minibatches else (epoch, mb)
         yield "train_bwd", tensors, header

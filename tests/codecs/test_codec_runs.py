@@ -16,6 +16,7 @@ RUNS = {
     "sparse": ["--codec-rollout", "relu", "--codec-fwd", "delta", "--codec-bwd", "ef:density=0.05"],
     "lean": ["--codec-rollout", "fp16", "--codec-fwd", "delta:q=none",
              "--codec-bwd", "ef:density=0.02,values=int8+zstd"],
+    "replica": ["--codec-rollout", "int8+zstd", "--codec-fwd", "replica", "--codec-bwd", "replica"],
     "cloud": ["--cut", "input"],
     "cloud-frames": ["--cut", "input", "--codec-rollout", "frames"],
 }
@@ -100,3 +101,21 @@ def test_sparse_codecs_send_a_fraction(runs):
 def test_cloud_setup_sends_pixels_only_and_frames_cut_them(runs):
     assert _bytes(runs["cloud"], FWD) == 0 and _bytes(runs["cloud"], BWD) == 0
     assert _ratio(runs, "cloud-frames", STEP, baseline="cloud") < 0.35
+
+
+def test_replica_sends_the_heads_outputs_and_one_weight_update_per_iteration(runs):
+    import torch
+
+    from splitrl.models import build_agent
+
+    # 16 samples a minibatch x (3 action means + 1 value) float32, against 16 x 4096 float32.
+    assert _ratio(runs, "replica", FWD) < 0.002 and _ratio(runs, "replica", BWD) < 0.002
+    assert _bytes(runs["fp32"], "net/heads/recv_bytes") == 0
+    _, heads = build_agent((4, 96, 96), 3, "cnn", seed=1)
+    # int8: a byte per weight plus a float32 scale per row (a bias is one row).
+    expected = sum(p.numel() + 4 * (p.shape[0] if p.dim() >= 2 else 1) for _, p in heads.replicated())
+    for iteration in (1, 2):
+        got = _bytes(runs["replica"], "net/heads/recv_bytes", iteration)
+        assert expected < got < expected * 1.001, (iteration, got, expected)
+    assert not any(isinstance(v, float) and v != v for r in runs["replica"] for v in r.values())  # no NaN
+    assert torch.isfinite(torch.tensor([r["losses/approx_kl"] for r in runs["replica"]])).all()

@@ -1,0 +1,136 @@
+"""The heads' replica: training sends the change in the heads' outputs, not the features.
+
+With the cut after the CNN, the loss depends on a sample's 4,096 features only
+through the heads' outputs: the actor's mean (one value per action dimension)
+and the critic's value. Stage0 keeps a replica of the heads, brought up to date
+once per iteration (``heads``, after the rollout). In each training minibatch:
+
+- stage0 computes its current features f and sends, per sample, the change of
+  the replica's outputs since the rollout, ``o(f) - o(view)`` (4 floats for
+  CarRacing), where ``view`` is the sample's rollout features as stage1 has them;
+- stage1 trains its heads on ``view`` and adds that change to their outputs, so
+  the PPO ratio and the value loss see what the encoder did since the rollout
+  (the error is second order: the heads' drift since the sync times the features'
+  drift since the rollout);
+- stage1 sends back the loss gradient with respect to those outputs (4 floats),
+  and stage0 back-propagates it through the replica and the encoder.
+
+So a minibatch costs 32 bytes a sample both ways instead of 16 KiB each way in
+float32, and the replica costs one quantised weight update per iteration. What
+is not exact: the heads' own gradients are taken at the rollout's features, and
+the encoder's gradient goes through weights up to one iteration old.
+
+`HeadsSync` sends the heads' weights as the quantised change against the
+replica both sides keep (as the delta codec does for features), so quantisation
+errors never accumulate; it starts from the weights both stages build from the
+seed, so nothing is sent until the heads move.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+from .base import Codec, CodecError, Context, Encoded, Param, part
+from .delta import RolloutView
+from .dense import VALUE_DTYPES, dequantise8, quantise8
+
+__all__ = ["Replica", "HeadsSync", "SYNC_MODES"]
+
+SYNC_MODES = ("fp32", "bf16", "int8")
+
+
+class Replica(Codec):
+    """Both ends of the outputs stream: the rollout view (fwd) and plain small tensors."""
+
+    name = "replica"
+    help = ("stage0 keeps a replica of the heads (synced once an iteration); training sends the change of the "
+            "heads' outputs (fwd) and the loss gradient w.r.t. them (bwd); use on both streams")
+    streams = ("fwd", "bwd")
+    params = {
+        "sync": Param(str, "int8", "how the heads' weight updates travel (read from the fwd spec)", SYNC_MODES),
+        "values": Param(str, "fp32", "dtype of the per-sample outputs or gradients", ("fp32", "bf16")),
+    }
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**values)
+        self.cache = RolloutView(self.name)
+
+    def observe(self, idx: torch.Tensor, x: torch.Tensor) -> None:
+        self.cache.observe(idx, x)
+
+    def view_rows(self, idx: torch.Tensor, feature_dim: int) -> torch.Tensor:
+        """The rollout features of samples ``idx`` as stage1 has them."""
+        return self.cache.rows(idx, (len(idx), feature_dim))
+
+    def encode(self, x: torch.Tensor, ctx: Context) -> Encoded:
+        sent = x.detach().to(VALUE_DTYPES[self.values])
+        return Encoded({"": sent}, recon=sent.float())
+
+    def decode(self, parts, meta, ctx, shape, dtype) -> torch.Tensor:
+        x = part(parts, "", VALUE_DTYPES[self.values], shape=shape, codec=self.name).float()
+        if not bool(torch.isfinite(x).all()):
+            raise CodecError("codec 'replica': non-finite values")
+        return x.to(dtype)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(t.shape[0] if t.dim() >= 2 else 1, -1)
+
+
+class HeadsSync:
+    """The heads' weights as the replica has them, and the messages that update it.
+
+    Both sides start from the same named tensors (the heads as built from the
+    seed). The sender calls `encode` with the current weights, the receiver
+    `decode` with what arrived; afterwards both views are bit-identical.
+    """
+
+    def __init__(self, initial: Iterable[tuple[str, torch.Tensor]], mode: str = "int8") -> None:
+        if mode not in SYNC_MODES:
+            raise ValueError(f"heads sync: mode must be one of {', '.join(SYNC_MODES)}, got {mode!r}")
+        self.mode = mode
+        self.view = {name: t.detach().float().clone() for name, t in initial}
+
+    def encode(self, current: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Parts that bring the receiver's view to ``current`` (up to quantisation); updates ours."""
+        current = dict(current)
+        if set(current) != set(self.view):
+            raise ValueError(f"heads sync: expected tensors {sorted(self.view)}, got {sorted(current)}")
+        parts: dict[str, torch.Tensor] = {}
+        for name, base in self.view.items():
+            change = current[name].detach().float() - base
+            if self.mode == "int8":
+                codes, scale = quantise8(_rows(change))
+                parts[f"{name}.q"], parts[f"{name}.s"] = codes, scale
+                got = dequantise8(codes, scale).reshape(base.shape)
+            else:
+                sent = change.to(VALUE_DTYPES[self.mode])
+                parts[name] = sent
+                got = sent.float()
+            base += got
+        return parts
+
+    def decode(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Apply a received update; returns the view. `CodecError` (nothing changed) if it does not fit."""
+        changes = {}
+        for name, base in self.view.items():
+            if self.mode == "int8":
+                rows = _rows(base)
+                codes = part(parts, f"{name}.q", torch.int8, shape=tuple(rows.shape), codec="heads")
+                scale = part(parts, f"{name}.s", torch.float32, shape=(rows.shape[0],), codec="heads")
+                if not bool(torch.isfinite(scale).all()):
+                    raise CodecError(f"heads sync: non-finite scale for {name!r}")
+                changes[name] = dequantise8(codes, scale).reshape(base.shape)
+            else:
+                change = part(parts, name, VALUE_DTYPES[self.mode], shape=tuple(base.shape), codec="heads").float()
+                if not bool(torch.isfinite(change).all()):
+                    raise CodecError(f"heads sync: non-finite values for {name!r}")
+                changes[name] = change
+        expected = sum(2 if self.mode == "int8" else 1 for _ in self.view)
+        if len(parts) != expected:
+            raise CodecError(f"heads sync: expected {expected} tensors, got {len(parts)}")
+        for name, change in changes.items():
+            self.view[name] += change
+        return self.view

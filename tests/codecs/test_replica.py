@@ -1,0 +1,143 @@
+"""The replica codec: the heads' outputs stand in for the features, exactly when the replica is current."""
+
+import copy
+
+import pytest
+import torch
+
+from splitrl.codecs import CodecError, CodecSet, Context, HeadsSync
+from splitrl.models import build_agent
+from splitrl.ppo import ppo_loss
+from splitrl.settings import CodecSettings
+
+OBS = (4, 96, 96)
+
+
+def _batch(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randint(0, 256, (n,) + OBS, dtype=torch.uint8, generator=g)
+    return obs, torch.randn(n, 3, generator=g), [torch.randn(n, generator=g) for _ in range(4)]
+
+
+def _loss(heads, x, actions, extra, offset=None):
+    old_logprob, adv, old_values, returns = extra
+    _, logprob, entropy, value = heads.get_action_and_value(x, actions, offset=offset)
+    return ppo_loss(logprob, old_logprob, adv, value, old_values, returns, entropy)[0]
+
+
+def test_with_a_current_replica_the_encoder_gets_the_exact_gradient():
+    """Rollout features are stale (the encoder moved since); the replica equals the heads."""
+    net_then, heads = build_agent(OBS, 3, "cnn", seed=3)
+    net_now = copy.deepcopy(net_then)
+    with torch.no_grad():
+        for p in net_now.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # the encoder after some updates
+    obs, actions, extra = _batch(8)
+    view = net_then(obs).detach()  # what the rollout sent
+
+    # Exact: stage1 sees the current features.
+    exact_net, exact_heads = copy.deepcopy(net_now), copy.deepcopy(heads)
+    exact = _loss(exact_heads, exact_net(obs), actions, extra)
+    exact.backward()
+
+    # Replica: stage0 sends o(f) - o(view); stage1 adds it to its heads' outputs on the view.
+    rep_net, replica = copy.deepcopy(net_now), copy.deepcopy(heads).requires_grad_(False)
+    outputs = replica.outputs(rep_net(obs))
+    offset = (outputs.detach() - replica.outputs(view)).requires_grad_()
+    loss = _loss(heads, view, actions, extra, offset)
+    loss.backward()
+    torch.autograd.backward(outputs, offset.grad)
+
+    torch.testing.assert_close(loss, exact, rtol=1e-5, atol=1e-6)
+    assert torch.count_nonzero(offset.grad) > 0
+    for (name, p), q in zip(rep_net.named_parameters(), exact_net.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_the_offset_is_the_gradient_of_the_outputs():
+    _, heads = build_agent(OBS, 3, "cnn", seed=4)
+    x = torch.rand(5, heads.critic[0].in_features)
+    offset = torch.zeros(5, 4, requires_grad=True)
+    _, logprob, _, value = heads.get_action_and_value(x, torch.randn(5, 3), offset=offset)
+    (logprob.sum() + 2 * value.sum()).backward()
+    assert torch.equal(offset.grad[:, 3], torch.full((5,), 2.0))
+    _, plain_logprob, _, plain_value = heads.get_action_and_value(x, torch.zeros(5, 3))
+    _, shifted_logprob, _, shifted_value = heads.get_action_and_value(
+        x, torch.zeros(5, 3), offset=torch.tensor([[0.0, 0.0, 0.0, 1.5]] * 5))
+    assert torch.equal(shifted_logprob, plain_logprob) and torch.equal(shifted_value, plain_value + 1.5)
+
+
+@pytest.mark.parametrize("mode", ["int8", "bf16", "fp32"])
+def test_heads_sync_keeps_both_views_identical_and_its_error_does_not_pile_up(mode):
+    _, heads = build_agent(OBS, 3, "cnn", seed=5)
+    sender, receiver = HeadsSync(heads.replicated(), mode), HeadsSync(heads.replicated(), mode)
+    g = torch.Generator().manual_seed(0)
+    worst = []
+    for _ in range(5):
+        with torch.no_grad():
+            for _, p in heads.replicated():
+                p.add_(1e-3 * torch.randn(p.shape, generator=g))
+        parts = sender.encode(heads.replicated())
+        view = receiver.decode(parts)
+        for name, p in heads.replicated():
+            assert torch.equal(view[name], sender.view[name]), name
+        worst.append(max(float((view[n] - p.detach()).abs().max()) for n, p in heads.replicated()))
+    if mode == "fp32":
+        assert max(worst) < 1e-6
+    else:
+        # Each update's error is corrected by the next: it stays at one update's quantisation
+        # error (half a step of a row whose largest change is ~5e-3), instead of growing.
+        assert max(worst) < 3e-5 and worst[-1] < 2 * worst[0]
+    nbytes = sum(t.numel() * t.element_size() for t in parts.values())
+    weights = sum(p.numel() for _, p in heads.replicated())
+    assert nbytes < weights * {"int8": 1.01, "bf16": 2.01, "fp32": 4.01}[mode]
+
+
+def test_heads_sync_refuses_a_bad_update_and_keeps_its_view():
+    _, heads = build_agent(OBS, 3, "cnn", seed=6)
+    sender, receiver = HeadsSync(heads.replicated()), HeadsSync(heads.replicated())
+    parts = sender.encode(heads.replicated())
+    before = {k: v.clone() for k, v in receiver.view.items()}
+    name = next(iter(receiver.view))
+    bad = [
+        {k: v for k, v in parts.items() if k != f"{name}.q"},
+        {**parts, f"{name}.s": torch.full_like(parts[f"{name}.s"], float("nan"))},
+        {**parts, f"{name}.q": parts[f"{name}.q"].float()},
+        {**parts, "stray": torch.zeros(1)},
+    ]
+    for update in bad:
+        with pytest.raises(CodecError):
+            receiver.decode(update)
+        assert all(torch.equal(receiver.view[k], before[k]) for k in before)
+    with pytest.raises(ValueError, match="mode"):
+        HeadsSync(heads.replicated(), "int4")
+
+
+def test_replica_keeps_the_rollout_view_and_checks_what_arrives():
+    tx, rx = CodecSet("int8", "replica", "replica"), CodecSet("int8", "replica", "replica")
+    feats = torch.relu(torch.randn(6, 32))
+    idx = torch.arange(6)
+    tensors, header = {}, {}
+    tx.pack("rollout", "features", feats, Context(idx=idx), tensors, header)
+    rx.unpack("rollout", "features", tensors, header, Context(idx=idx), (6, 32), torch.float32)
+    assert torch.equal(tx.replica.view_rows(idx, 32), rx.replica.view_rows(idx, 32))
+    out = {}
+    tx.pack("fwd", "outputs", torch.randn(6, 4), Context(idx=idx), out, {})
+    assert list(out) == ["outputs"] and out["outputs"].dtype == torch.float32
+    with pytest.raises(CodecError):
+        rx.unpack("fwd", "outputs", {"outputs": torch.randn(6, 5)}, {}, Context(idx=idx), (6, 4), torch.float32)
+    with pytest.raises(CodecError):
+        rx.unpack("fwd", "outputs", {"outputs": torch.full((6, 4), float("inf"))}, {}, Context(idx=idx), (6, 4),
+                  torch.float32)
+    with pytest.raises(CodecError, match="no cached rollout features"):
+        rx.replica.view_rows(torch.arange(4, 10), 32)
+
+
+def test_replica_settings_go_together_and_need_the_cnn_cut():
+    assert CodecSettings(codec_fwd="replica", codec_bwd="replica").errors("cnn") == []
+    assert CodecSettings(codec_fwd="replica:sync=bf16", codec_bwd="replica:values=bf16").errors("cnn") == []
+    assert any("go together" in e for e in CodecSettings(codec_fwd="replica").errors("cnn"))
+    assert any("go together" in e for e in CodecSettings(codec_bwd="replica").errors("cnn"))
+    assert any("+zstd" in e for e in CodecSettings(codec_fwd="replica+zstd", codec_bwd="replica").errors("cnn"))
+    assert CodecSettings(codec_fwd="replica", codec_bwd="replica").errors("input")
+    assert any("cannot carry" in e for e in CodecSettings(codec_rollout="replica").errors("cnn"))
