@@ -114,7 +114,8 @@ class CodecSettings:
     def errors(self, cut: str) -> list[str]:
         from .codecs import parse_codec  # codecs import the transport; settings stay import-light
 
-        out = []
+        out: list[str] = []
+        replica: list[str] = []  # the streams whose codec is replica
         for stream in ("rollout", "fwd", "bwd"):
             spec = getattr(self, f"codec_{stream}")
             try:
@@ -130,9 +131,10 @@ class CodecSettings:
                 out.append(f"--codec-{stream} {spec!r}: with --cut input nothing crosses the link in training")
             if cut != "input" and base == "frames":
                 out.append("--codec-rollout frames needs --cut input (it sends pixels)")
-            if base == "replica" and hasattr(codec, "inner"):
-                out.append(f"--codec-{stream} {spec!r}: replica takes no +zstd layer (it sends a few floats a sample)")
-        replica = [s for s in ("fwd", "bwd") if getattr(self, f"codec_{s}").strip().partition("+")[0].partition(":")[0] == "replica"]
+            if base == "replica":
+                replica.append(stream)
+                if hasattr(codec, "inner"):
+                    out.append(f"--codec-{stream} {spec!r}: replica takes no +zstd layer (it sends a few floats a sample)")
         if len(replica) == 1:
             out.append("--codec-fwd replica and --codec-bwd replica go together (the gradient is w.r.t. the heads' "
                        f"outputs that the fwd stream sends); only --codec-{replica[0]} is replica")

@@ -140,18 +140,22 @@ class Stage0:
         if self.replica_heads is None:
             self._exchange(link, "rollout_end", tensors, header, None)
         else:
-            self._sync_replica(self._exchange(link, "rollout_end", tensors, header, "heads"), n * self.settings.ppo.num_steps)
+            msg = self._exchange(link, "rollout_end", tensors, header, "heads")
+            self._sync_replica(msg, iteration, n * self.settings.ppo.num_steps)
         return next_obs
 
-    def _sync_replica(self, msg: Message, samples: int) -> None:
+    def _sync_replica(self, msg: Message, iteration: int, samples: int) -> None:
         """Update the heads' replica, then its outputs on every sample's rollout view."""
         start = time.perf_counter()
+        if msg.header.get("iteration") != iteration:
+            raise ProtocolError(f"heads: expected the update for iteration {iteration}, got {msg.header.get('iteration')!r}")
         view = self.heads_sync.decode(msg.tensors)
+        width = self.replica_heads.critic[0].in_features
         with torch.no_grad():
             for name, p in self.replica_heads.replicated():
                 p.copy_(view[name])
-            rows = self.codecs.replica.view_rows(torch.arange(samples), self.replica_heads.critic[0].in_features)
-            self.view_outputs = torch.cat([self.replica_heads.outputs(chunk) for chunk in rows.split(1024)])
+            self.view_outputs = torch.cat([self.replica_heads.outputs(self.codecs.replica.view_rows(idx, width))
+                                           for idx in torch.arange(samples).split(1024)])
         self.clock.add("codec", start)
 
     def train(self, link: Transport, iteration: int) -> None:

@@ -65,6 +65,13 @@ def test_the_offset_is_the_gradient_of_the_outputs():
     _, shifted_logprob, _, shifted_value = heads.get_action_and_value(
         x, torch.zeros(5, 3), offset=torch.tensor([[0.0, 0.0, 0.0, 1.5]] * 5))
     assert torch.equal(shifted_logprob, plain_logprob) and torch.equal(shifted_value, plain_value + 1.5)
+    # The first columns shift the actor's mean: as if its last bias had moved.
+    shift = torch.tensor([0.3, -0.2, 0.1])
+    _, by_offset, _, _ = heads.get_action_and_value(x, torch.zeros(5, 3), offset=torch.cat([shift, torch.zeros(1)]).expand(5, 4))
+    with torch.no_grad():
+        heads.actor_mean[2].bias.add_(shift)
+    _, by_bias, _, _ = heads.get_action_and_value(x, torch.zeros(5, 3))
+    torch.testing.assert_close(by_offset, by_bias)
 
 
 @pytest.mark.parametrize("mode", ["int8", "bf16", "fp32"])
@@ -104,6 +111,8 @@ def test_heads_sync_refuses_a_bad_update_and_keeps_its_view():
         {**parts, f"{name}.s": torch.full_like(parts[f"{name}.s"], float("nan"))},
         {**parts, f"{name}.q": parts[f"{name}.q"].float()},
         {**parts, "stray": torch.zeros(1)},
+        {**parts, f"{name}.s": torch.full_like(parts[f"{name}.s"], 3e38),
+         f"{name}.q": torch.full_like(parts[f"{name}.q"], 100)},  # finite, but overflows the weights
     ]
     for update in bad:
         with pytest.raises(CodecError):
@@ -141,3 +150,25 @@ def test_replica_settings_go_together_and_need_the_cnn_cut():
     assert any("+zstd" in e for e in CodecSettings(codec_fwd="replica+zstd", codec_bwd="replica").errors("cnn"))
     assert CodecSettings(codec_fwd="replica", codec_bwd="replica").errors("input")
     assert any("cannot carry" in e for e in CodecSettings(codec_rollout="replica").errors("cnn"))
+
+
+def test_with_still_heads_a_replica_run_trains_the_encoder_as_float32_does(tmp_path):
+    """Heads that (almost) never move keep the replica current, so the whole replica path,
+    both stages' wiring included, must train the encoder as exact float32 features do."""
+    import subprocess
+
+    from ..conftest import TINY, child_env, splitrl_cmd
+
+    args = TINY + ["--lr-heads", "1e-12", "--epochs", "3"]
+    runs = {"fp32": [], "replica": ["--codec-fwd", "replica:sync=fp32", "--codec-bwd", "replica"]}
+    for name, codecs in runs.items():
+        done = subprocess.run(splitrl_cmd("train", "--run-dir", str(tmp_path / name), *args, *codecs),
+                              env=child_env(), capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr
+    net0, _ = build_agent(OBS, 3, "cnn", seed=1)
+    plain = torch.load(tmp_path / "fp32" / "checkpoints" / "stage0-iter00002.pt")["net"]
+    replica = torch.load(tmp_path / "replica" / "checkpoints" / "stage0-iter00002.pt")["net"]
+    for name, initial in net0.state_dict().items():
+        moved = float((plain[name] - initial).abs().max())
+        assert moved > 1e-5, name  # the encoder trained, so a wrong gradient would show
+        assert float((replica[name] - plain[name]).abs().max()) < 0.01 * moved, name
