@@ -48,7 +48,8 @@ def test_unreachable_peer_times_out_with_a_clear_error(tmp_path):
                  "--run-dir", str(tmp_path), *TINY)
     assert result.returncode == 1
     assert "no message from stage1" in result.stderr and "within 2 s" in result.stderr
-    assert time.monotonic() - start < 30
+    # Bounded, not timed: Python and torch start-up alone took 40 s on 2 loaded cores.
+    assert time.monotonic() - start < 120
 
 
 def test_settings_mismatch_stops_both_sides_naming_the_setting(tmp_path, spawn):
