@@ -39,11 +39,12 @@ import torch
 
 from .base import Codec, CodecError, Context, Encoded, Param, part
 from .delta import RolloutView
-from .dense import VALUE_DTYPES, dequantise8, quantise8
+from .dense import VALUE_DTYPES, Bf16, Fp32, Int8
 
 __all__ = ["Replica", "HeadsSync", "SYNC_MODES"]
 
 SYNC_MODES = ("fp32", "bf16", "int8")
+CODECS_BY_MODE = {c.name: c for c in (Fp32, Bf16, Int8)}
 
 
 class Replica(Codec):
@@ -80,22 +81,20 @@ class Replica(Codec):
         return x.to(dtype)
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(t.shape[0] if t.dim() >= 2 else 1, -1)
-
-
 class HeadsSync:
     """The heads' weights as the replica has them, and the messages that update it.
 
     Both sides start from the same named tensors (the heads as built from the
     seed). The sender calls `encode` with the current weights, the receiver
-    `decode` with what arrived; afterwards both views are bit-identical.
+    `decode` with what arrived; afterwards both views are bit-identical. Each
+    tensor's change travels through the dense codec named by ``mode`` (``int8``:
+    one scale per row, a bias being one row), its parts named ``NAME[.part]``.
     """
 
     def __init__(self, initial: Iterable[tuple[str, torch.Tensor]], mode: str = "int8") -> None:
         if mode not in SYNC_MODES:
             raise ValueError(f"heads sync: mode must be one of {', '.join(SYNC_MODES)}, got {mode!r}")
-        self.mode = mode
+        self.codec = CODECS_BY_MODE[mode]()
         self.view = {name: t.detach().float().clone() for name, t in initial}
 
     def encode(self, current: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -105,40 +104,25 @@ class HeadsSync:
             raise ValueError(f"heads sync: expected tensors {sorted(self.view)}, got {sorted(current)}")
         parts: dict[str, torch.Tensor] = {}
         for name, base in self.view.items():
-            change = current[name].detach().float() - base
-            if self.mode == "int8":
-                codes, scale = quantise8(_rows(change))
-                parts[f"{name}.q"], parts[f"{name}.s"] = codes, scale
-                got = dequantise8(codes, scale).reshape(base.shape)
-            else:
-                sent = change.to(VALUE_DTYPES[self.mode])
-                parts[name] = sent
-                got = sent.float()
-            base += got
+            enc = self.codec.encode(current[name].detach().float() - base, Context())
+            parts.update({f"{name}.{key}" if key else name: t for key, t in enc.tensors.items()})
+            base += enc.recon
         return parts
 
     def decode(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Apply a received update; returns the view. `CodecError` (nothing changed) if it does not fit."""
-        changes = {}
+        updated, used = {}, 0
         for name, base in self.view.items():
-            if self.mode == "int8":
-                rows = _rows(base)
-                codes = part(parts, f"{name}.q", torch.int8, shape=tuple(rows.shape), codec="heads")
-                scale = part(parts, f"{name}.s", torch.float32, shape=(rows.shape[0],), codec="heads")
-                if not bool(torch.isfinite(scale).all()):
-                    raise CodecError(f"heads sync: non-finite scale for {name!r}")
-                changes[name] = dequantise8(codes, scale).reshape(base.shape)
-            else:
-                change = part(parts, name, VALUE_DTYPES[self.mode], shape=tuple(base.shape), codec="heads").float()
-                if not bool(torch.isfinite(change).all()):
-                    raise CodecError(f"heads sync: non-finite values for {name!r}")
-                changes[name] = change
-        expected = sum(2 if self.mode == "int8" else 1 for _ in self.view)
-        if len(parts) != expected:
-            raise CodecError(f"heads sync: expected {expected} tensors, got {len(parts)}")
-        updated = {name: self.view[name] + change for name, change in changes.items()}
-        for name, value in updated.items():
-            if not bool(torch.isfinite(value).all()):  # a finite but huge scale overflows here
+            mine = {key[len(name) + 1:]: t for key, t in parts.items() if key.startswith(name + ".")}
+            if name in parts:
+                mine[""] = parts[name]
+            used += len(mine)
+            change = self.codec.decode(mine, {}, Context(), tuple(base.shape), torch.float32)
+            updated[name] = base + change
+            # A finite but huge scale overflows here: refuse it before the view changes.
+            if not bool(torch.isfinite(updated[name]).all()):
                 raise CodecError(f"heads sync: the update makes {name!r} non-finite")
+        if used != len(parts):
+            raise CodecError(f"heads sync: {len(parts) - used} tensor(s) name no weight of the heads")
         self.view.update(updated)
         return self.view
