@@ -28,7 +28,17 @@ seed, so the full weights never cross the link, only their changes.
 The price is compute on the edge: stage0 runs the heads' forward and backward to
 the features for every training sample (about 4.2 M multiply-adds a sample next
 to the CNN's 10 M) and the heads on every rollout sample once an iteration.
-The ``sync`` parameter is read from the fwd spec; the bwd spec's is ignored.
+Once an iteration is the cheapest schedule but not the most exact: the heads
+train 320 minibatches an iteration at the paper's settings, and their output
+layers start near zero (``std=0.01``), so the replica's output layers can be
+far from the heads' by the last epoch. ``last_every=N`` also sends, after every
+N-th training minibatch, the change of every weight but the two first layers
+(about 2,600 values: the output layers and the biases); ``all_every=N`` sends all
+of them. Both count minibatches over the iteration (``all_every=160`` is every 5
+epochs at 32 minibatches an epoch); 0 means only after the rollout. They travel
+as ``heads`` messages after the ``train_bwd`` of that minibatch.
+
+The parameters are read from the fwd spec; the bwd spec's are ignored.
 """
 
 from __future__ import annotations
@@ -41,9 +51,12 @@ from .base import Codec, CodecError, Context, Encoded, Param, part
 from .delta import RolloutView
 from .dense import VALUE_DTYPES, Bf16, Fp32, Int8
 
-__all__ = ["Replica", "HeadsSync", "SYNC_MODES"]
+__all__ = ["Replica", "HeadsSync", "SYNC_MODES", "FIRST_LAYERS"]
 
 SYNC_MODES = ("fp32", "bf16", "int8")
+FIRST_LAYERS = ("critic.0.weight", "actor_mean.0.weight")
+"""The heads' two feature-wide weights (`splitrl.models.ActorCriticHeads`): 99.9 % of the
+replica's values, sent by ``all_every`` but not by ``last_every``."""
 CODECS_BY_MODE = {c.name: c for c in (Fp32, Bf16, Int8)}
 
 
@@ -57,11 +70,33 @@ class Replica(Codec):
     params = {
         "sync": Param(str, "int8", "how the heads' weight updates travel (read from the fwd spec)", SYNC_MODES),
         "values": Param(str, "fp32", "dtype of the per-sample outputs or gradients", ("fp32", "bf16")),
+        "last_every": Param(int, 0, "also send the change of all weights but the first layers after every N-th "
+                                    "training minibatch of an iteration (0: only after the rollout)"),
+        "all_every": Param(int, 0, "also send the change of all weights after every N-th training minibatch "
+                                   "(0: only after the rollout)"),
     }
 
     def __init__(self, **values: Any) -> None:
         super().__init__(**values)
+        for key in ("last_every", "all_every"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"codec 'replica': {key} must be >= 0, got {getattr(self, key)}")
         self.cache = RolloutView(self.name)
+
+    def due(self, epoch: int, mb: int, epochs: int, minibatches: int, names: Iterable[str]) -> list[str]:
+        """The weights whose change follows the ``train_bwd`` of minibatch (epoch, mb); [] if none.
+
+        Both stages call this with the same arguments, so each knows what comes. Never after
+        the iteration's last minibatch: the next rollout's update follows it anyway.
+        """
+        done = epoch * minibatches + mb + 1
+        if done >= epochs * minibatches:
+            return []
+        if self.all_every and done % self.all_every == 0:
+            return list(names)
+        if self.last_every and done % self.last_every == 0:
+            return [name for name in names if name not in FIRST_LAYERS]
+        return []
 
     def observe(self, idx: torch.Tensor, x: torch.Tensor) -> None:
         self.cache.observe(idx, x)
@@ -97,22 +132,34 @@ class HeadsSync:
         self.codec = CODECS_BY_MODE[mode]()
         self.view = {name: t.detach().float().clone() for name, t in initial}
 
-    def encode(self, current: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Parts that bring the receiver's view to ``current`` (up to quantisation); updates ours."""
+    def encode(self, current: Iterable[tuple[str, torch.Tensor]],
+               names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        """Parts that bring the receiver's view of ``names`` (default: all) to ``current``
+        (up to quantisation); updates ours."""
         current = dict(current)
         if set(current) != set(self.view):
             raise ValueError(f"heads sync: expected tensors {sorted(self.view)}, got {sorted(current)}")
         parts: dict[str, torch.Tensor] = {}
-        for name, base in self.view.items():
+        for name, base in self._selected(names).items():
             enc = self.codec.encode(current[name].detach().float() - base, Context())
             parts.update({f"{name}.{key}" if key else name: t for key, t in enc.tensors.items()})
             base += enc.recon
         return parts
 
-    def decode(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Apply a received update; returns the view. `CodecError` (nothing changed) if it does not fit."""
+    def _selected(self, names: Iterable[str] | None) -> dict[str, torch.Tensor]:
+        if names is None:
+            return self.view
+        names = list(names)
+        unknown = sorted(set(names) - set(self.view))
+        if unknown:
+            raise ValueError(f"heads sync: no weights named {unknown}")
+        return {name: self.view[name] for name in names}
+
+    def decode(self, parts: dict[str, torch.Tensor], names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        """Apply a received update of ``names`` (default: all); returns the view.
+        `CodecError` (nothing changed) if it does not fit."""
         updated, used = {}, 0
-        for name, base in self.view.items():
+        for name, base in self._selected(names).items():
             mine = {key[len(name) + 1:]: t for key, t in parts.items() if key.startswith(name + ".")}
             if name in parts:
                 mine[""] = parts[name]

@@ -9,6 +9,9 @@ stage0 drives; stage1 only answers. Per iteration:
   training  stage0 -> train_fwd {features | outputs} header {epoch, mb}
             stage1 -> train_bwd {grad}                     (epochs x minibatches times,
                                                             only when stage0 holds parameters)
+            stage1 -> heads {<weight updates>} header {iteration, epoch, mb}
+                                                           (after the train_bwd of the minibatches
+                                                            that the replica's last_every/all_every name)
   wrap-up   stage0 -> iter_end header {iteration, checkpoint}
             stage1 -> progress header {epoch}               (per epoch, only when stage1 trains alone)
             stage1 -> iter_stats header {losses/..., time/heads}

@@ -178,7 +178,7 @@ class Stage0:
                     seen = self.codecs.pack("fwd", name, features.detach(), ctx, tensors, header)
                 else:  # the change of the heads' outputs since the rollout, through the replica
                     sent, name = self.replica_heads.outputs(features), "outputs"
-                    self.codecs.pack("fwd", name, sent.detach() - self.view_outputs[idx], ctx, tensors, header)
+                    self.codecs.pack("fwd", name, sent.detach() - self._view_outputs(idx), ctx, tensors, header)
                     seen = None
                 self.clock.add("codec", start)
                 msg = self._exchange(link, "train_fwd", tensors, header, "train_bwd")
@@ -191,6 +191,37 @@ class Stage0:
                 nn.utils.clip_grad_norm_(params, ppo.max_grad_norm)
                 self.optimizer.step()
                 self.clock.add("encoder", start)
+                if self.replica_heads is not None:
+                    self._sync_replica_midway(link, iteration, epoch, mb)
+
+    def _view_outputs(self, idx: torch.Tensor) -> torch.Tensor:
+        """The replica's outputs on the rollout view of samples ``idx``: cached for the
+        whole view after the rollout's update, computed per minibatch after a later one."""
+        if self.view_outputs is not None:
+            return self.view_outputs[idx]
+        with torch.no_grad():
+            return self.replica_heads.outputs(self.codecs.replica.view_rows(idx, self.replica_heads.critic[0].in_features))
+
+    def _sync_replica_midway(self, link: Transport, iteration: int, epoch: int, mb: int) -> None:
+        """Receive and apply the update that follows this minibatch's gradient, if one is due."""
+        ppo = self.settings.ppo
+        due = self.codecs.replica.due(epoch, mb, ppo.epochs, ppo.minibatches, self.heads_sync.view)
+        if not due:
+            return
+        start = time.perf_counter()
+        msg = link.recv()
+        start = self.clock.add("link", start)
+        if msg.kind != "heads":
+            raise ProtocolError(f"stage0: after 'train_bwd' of minibatch {(epoch, mb)} expected 'heads', got {msg.kind!r}")
+        where = tuple(msg.header.get(k) for k in ("iteration", "epoch", "mb"))
+        if where != (iteration, epoch, mb):
+            raise ProtocolError(f"heads: expected the update after minibatch {(iteration, epoch, mb)}, got {where}")
+        view = self.heads_sync.decode(msg.tensors, due)
+        with torch.no_grad():
+            for name, p in self.replica_heads.replicated():
+                p.copy_(view[name])
+        self.view_outputs = None  # stale now; `_view_outputs` computes what each minibatch needs
+        self.clock.add("codec", start)
 
     def finish_iteration(self, link: Transport, iteration: int, checkpoint: bool) -> dict[str, Any]:
         start = time.perf_counter()

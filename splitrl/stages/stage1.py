@@ -195,9 +195,14 @@ class Stage1:
             offset = change.requires_grad_()
             self._learn(replica.view_rows(idx, self.feature_dim), idx, offset)
             self.codecs.pack("bwd", "grad", offset.grad, ctx, tensors, header)
+        ppo = self.settings.ppo
+        due = [] if replica is None else replica.due(epoch, mb, ppo.epochs, ppo.minibatches, self.heads_sync.view)
         mb += 1
-        self.next_minibatch = (epoch + 1, 0) if mb == self.settings.ppo.minibatches else (epoch, mb)
+        self.next_minibatch = (epoch + 1, 0) if mb == ppo.minibatches else (epoch, mb)
         yield "train_bwd", tensors, header
+        if due:  # the replica's weights, brought closer to the heads' mid-iteration
+            parts = self.heads_sync.encode(self.heads.replicated(), due)
+            yield "heads", parts, {"iteration": self.iteration, "epoch": header["epoch"], "mb": header["mb"]}
 
     def _on_iter_end(self, msg: Message) -> Iterator[Reply]:
         iteration = msg.header.get("iteration")

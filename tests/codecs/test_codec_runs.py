@@ -17,6 +17,8 @@ RUNS = {
     "lean": ["--codec-rollout", "fp16", "--codec-fwd", "delta:q=none",
              "--codec-bwd", "ef:density=0.02,values=int8+zstd"],
     "replica": ["--codec-rollout", "int8+zstd", "--codec-fwd", "replica", "--codec-bwd", "replica"],
+    "replica-sync": ["--codec-rollout", "int8+zstd", "--codec-fwd", "replica:last_every=1,all_every=3",
+                     "--codec-bwd", "replica"],
     "cloud": ["--cut", "input"],
     "cloud-frames": ["--cut", "input", "--codec-rollout", "frames"],
 }
@@ -113,9 +115,15 @@ def test_replica_sends_the_heads_outputs_and_one_weight_update_per_iteration(run
     assert _bytes(runs["fp32"], "net/heads/recv_bytes") == 0
     _, heads = build_agent((4, 96, 96), 3, "cnn", seed=1)
     # int8: a byte per weight plus a float32 scale per row (a bias is one row).
-    expected = sum(p.numel() + 4 * (p.shape[0] if p.dim() >= 2 else 1) for _, p in heads.replicated())
+    size = {name: p.numel() + 4 * (p.shape[0] if p.dim() >= 2 else 1) for name, p in heads.replicated()}
+    expected = sum(size.values())
+    # replica-sync, 4 minibatches an iteration: the rollout's update, the small one after
+    # minibatches 1 and 2 (all but the first layers), all weights after 3, none after the last.
+    small = expected - size["critic.0.weight"] - size["actor_mean.0.weight"]
     for iteration in (1, 2):
         got = _bytes(runs["replica"], "net/heads/recv_bytes", iteration)
         assert expected < got < expected * 1.001, (iteration, got, expected)
+        got = _bytes(runs["replica-sync"], "net/heads/recv_bytes", iteration)
+        assert 2 * expected + 2 * small < got < (2 * expected + 2 * small) * 1.001, (iteration, got)
     assert not any(isinstance(v, float) and v != v for r in runs["replica"] for v in r.values())  # no NaN
     assert torch.isfinite(torch.tensor([r["losses/approx_kl"] for r in runs["replica"]])).all()

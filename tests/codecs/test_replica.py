@@ -122,6 +122,77 @@ def test_heads_sync_refuses_a_bad_update_and_keeps_its_view():
         HeadsSync(heads.replicated(), "int4")
 
 
+def test_midway_updates_follow_the_schedule_both_stages_compute():
+    from splitrl.codecs import parse_codec
+    from splitrl.codecs.replica import FIRST_LAYERS
+
+    _, heads = build_agent(OBS, 3, "cnn", seed=7)
+    names = [n for n, _ in heads.replicated()]
+    assert set(FIRST_LAYERS) <= set(names)  # a renamed layer must not silently join the small updates
+    rest = [n for n in names if n not in FIRST_LAYERS]
+    codec = parse_codec("replica:last_every=2,all_every=6", "fwd")
+    plan = {(e, m): codec.due(e, m, 3, 4, names) for e in range(3) for m in range(4)}
+    # minibatches done: 2, 4, 8, 10 -> the small update; 6 -> all; 12 (the last) -> none
+    assert [k for k, v in plan.items() if v == rest] == [(0, 1), (0, 3), (1, 3), (2, 1)]
+    assert [k for k, v in plan.items() if v == names] == [(1, 1)]
+    assert sum(map(bool, plan.values())) == 5
+    assert not any(parse_codec("replica", "fwd").due(e, m, 3, 4, names) for e in range(3) for m in range(4))
+    for bad in ("replica:last_every=-1", "replica:all_every=-2"):
+        assert any(">= 0" in e for e in CodecSettings(codec_fwd=bad, codec_bwd="replica").errors("cnn"))
+
+
+def test_a_partial_heads_update_moves_only_the_weights_it_names():
+    from splitrl.codecs.replica import FIRST_LAYERS
+
+    _, heads = build_agent(OBS, 3, "cnn", seed=8)
+    sender, receiver = HeadsSync(heads.replicated()), HeadsSync(heads.replicated())
+    with torch.no_grad():
+        for _, p in heads.replicated():
+            p.add_(1e-3)
+    rest = [n for n in sender.view if n not in FIRST_LAYERS]
+    parts = sender.encode(heads.replicated(), rest)
+    assert not any(k.startswith(FIRST_LAYERS) for k in parts)
+    before = {k: v.clone() for k, v in receiver.view.items()}
+    for update, names in ((parts, list(sender.view)), ({**parts, "critic.0.weight.q": torch.zeros(1, dtype=torch.int8)}, rest)):
+        with pytest.raises(CodecError):  # parts missing, or parts for a weight not due
+            receiver.decode(update, names)
+        assert all(torch.equal(receiver.view[k], before[k]) for k in before)
+    view = receiver.decode(parts, rest)
+    for name, p in heads.replicated():
+        assert torch.equal(view[name], sender.view[name]), name
+        assert torch.equal(view[name], before[name]) == (name in FIRST_LAYERS), name
+    with pytest.raises(ValueError, match="no weights named"):
+        sender.encode(heads.replicated(), ["critic.9.weight"])
+
+
+def test_a_replica_synced_every_minibatch_trains_the_encoder_as_float32_does(tmp_path):
+    """One minibatch an epoch, two epochs: the second update's rollout view is stale by one
+    encoder step and the once-an-iteration replica by one heads step. Synced after each
+    minibatch, the replica equals the heads, and the encoder's first iteration matches
+    float32 features; without the midway update it does not."""
+    import subprocess
+
+    from ..conftest import TINY, child_env, splitrl_cmd
+
+    args = TINY + ["--epochs", "2", "--minibatches", "1"]
+    runs = {"fp32": [], "synced": ["--codec-fwd", "replica:sync=fp32,all_every=1", "--codec-bwd", "replica"],
+            "stale": ["--codec-fwd", "replica:sync=fp32", "--codec-bwd", "replica"]}
+    for name, codecs in runs.items():
+        done = subprocess.run(splitrl_cmd("train", "--run-dir", str(tmp_path / name), *args, *codecs),
+                              env=child_env(), capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr
+    net0, _ = build_agent(OBS, 3, "cnn", seed=1)
+    nets = {name: torch.load(tmp_path / name / "checkpoints" / "stage0-iter00001.pt")["net"] for name in runs}
+
+    def off(name):  # relative L2 distance of the encoder's move from float32's
+        diff = sum(float(((nets[name][k] - nets["fp32"][k]) ** 2).sum()) for k in nets["fp32"])
+        move = sum(float(((nets["fp32"][k] - v) ** 2).sum()) for k, v in net0.state_dict().items())
+        return (diff / move) ** 0.5
+
+    assert off("synced") < 1e-4
+    assert off("stale") > 1e-3  # the test can tell a stale replica from a current one
+
+
 def test_replica_keeps_the_rollout_view_and_checks_what_arrives():
     tx, rx = CodecSet("int8", "replica", "replica"), CodecSet("int8", "replica", "replica")
     feats = torch.relu(torch.randn(6, 32))
