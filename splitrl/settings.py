@@ -115,7 +115,7 @@ class CodecSettings:
         from .codecs import parse_codec  # codecs import the transport; settings stay import-light
 
         out: list[str] = []
-        replica: list[str] = []  # the streams whose codec is replica
+        replica: dict[str, Any] = {}  # the streams whose codec is replica, and that codec
         for stream in ("rollout", "fwd", "bwd"):
             spec = getattr(self, f"codec_{stream}")
             try:
@@ -132,12 +132,18 @@ class CodecSettings:
             if cut != "input" and base == "frames":
                 out.append("--codec-rollout frames needs --cut input (it sends pixels)")
             if base == "replica":
-                replica.append(stream)
+                replica[stream] = getattr(codec, "inner", codec)
                 if hasattr(codec, "inner"):
                     out.append(f"--codec-{stream} {spec!r}: replica takes no +zstd layer (it sends a few floats a sample)")
+        if len(replica) == 2:
+            fwd, bwd = replica["fwd"], replica["bwd"]
+            for key in ("sync", "last_every", "all_every"):  # the fwd spec's count; say so rather than drop
+                if getattr(bwd, key) != getattr(fwd, key) and getattr(bwd, key) != bwd.params[key].default:
+                    out.append(f"--codec-bwd {self.codec_bwd!r}: {key} is read from --codec-fwd; "
+                               f"give it there (--codec-fwd has {key}={getattr(fwd, key)})")
         if len(replica) == 1:
             out.append("--codec-fwd replica and --codec-bwd replica go together (the gradient is w.r.t. the heads' "
-                       f"outputs that the fwd stream sends); only --codec-{replica[0]} is replica")
+                       f"outputs that the fwd stream sends); only --codec-{next(iter(replica))} is replica")
         return out
 
     def specs(self) -> dict[str, str]:

@@ -3,7 +3,8 @@
 With the cut after the CNN, the loss depends on a sample's 4,096 features only
 through the heads' outputs: the actor's mean (one value per action dimension)
 and the critic's value. Stage0 keeps a replica of the heads, brought up to date
-once per iteration (``heads``, after the rollout). In each training minibatch:
+after each rollout (``heads``) and, if asked, during training (see below). In
+each training minibatch:
 
 - stage0 computes its current features f and sends, per sample, the change of
   the replica's outputs since the rollout, ``o(f) - o(view)`` (4 floats for
@@ -16,9 +17,11 @@ once per iteration (``heads``, after the rollout). In each training minibatch:
   and stage0 back-propagates it through the replica and the encoder.
 
 So a minibatch costs 32 bytes a sample both ways instead of 16 KiB each way in
-float32, and the replica costs one quantised weight update per iteration. What
-is not exact: the heads' own gradients are taken at the rollout's features, and
-the encoder's gradient goes through weights up to one iteration old.
+float32, and the replica costs one quantised weight update per iteration (plus
+those asked for during training). What is not exact: the heads' own gradients
+are taken at the rollout's features, and the encoder's gradient goes through
+weights up to one iteration (or ``all_every`` minibatches; its output layers
+``last_every``) old.
 
 `HeadsSync` sends the heads' weights as the quantised change against the
 replica both sides keep (as the delta codec does for features), so quantisation
@@ -28,12 +31,15 @@ seed, so the full weights never cross the link, only their changes.
 The price is compute on the edge: stage0 runs the heads' forward and backward to
 the features for every training sample (about 4.2 M multiply-adds a sample next
 to the CNN's 10 M) and the heads on every rollout sample once an iteration.
+After an update during training, the cached outputs on the rollout view are stale,
+so each later minibatch of that iteration runs the heads' forward on its view
+rows as well (about 4.2 M more multiply-adds a sample).
 Once an iteration is the cheapest schedule but not the most exact: the heads
 train 320 minibatches an iteration at the paper's settings, and their output
 layers start near zero (``std=0.01``), so the replica's output layers can be
 far from the heads' by the last epoch. ``last_every=N`` also sends, after every
 N-th training minibatch, the change of every weight but the two first layers
-(about 2,600 values: the output layers and the biases); ``all_every=N`` sends all
+(about 3,100 values: the output layers and the biases); ``all_every=N`` sends all
 of them. Both count minibatches over the iteration (``all_every=160`` is every 5
 epochs at 32 minibatches an epoch); 0 means only after the rollout. They travel
 as ``heads`` messages after the ``train_bwd`` of that minibatch.
@@ -64,7 +70,8 @@ class Replica(Codec):
     """Both ends of the outputs stream: the rollout view (fwd) and plain small tensors."""
 
     name = "replica"
-    help = ("stage0 keeps a replica of the heads (synced once an iteration); training sends the change of the "
+    help = ("stage0 keeps a replica of the heads (synced after each rollout and, with last_every/all_every, "
+            "every N training minibatches); training sends the change of the "
             "heads' outputs (fwd) and the loss gradient w.r.t. them (bwd); use on both streams")
     streams = ("fwd", "bwd")
     params = {
@@ -164,7 +171,10 @@ class HeadsSync:
             if name in parts:
                 mine[""] = parts[name]
             used += len(mine)
-            change = self.codec.decode(mine, {}, Context(), tuple(base.shape), torch.float32)
+            try:
+                change = self.codec.decode(mine, {}, Context(), tuple(base.shape), torch.float32)
+            except CodecError as exc:
+                raise CodecError(f"heads sync: {name!r}: {exc}") from None
             updated[name] = base + change
             # A finite but huge scale overflows here: refuse it before the view changes.
             if not bool(torch.isfinite(updated[name]).all()):

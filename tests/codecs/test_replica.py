@@ -139,6 +139,10 @@ def test_midway_updates_follow_the_schedule_both_stages_compute():
     assert not any(parse_codec("replica", "fwd").due(e, m, 3, 4, names) for e in range(3) for m in range(4))
     for bad in ("replica:last_every=-1", "replica:all_every=-2"):
         assert any(">= 0" in e for e in CodecSettings(codec_fwd=bad, codec_bwd="replica").errors("cnn"))
+    # The fwd spec's parameters count: on the bwd spec alone they are an error, not ignored.
+    assert any("read from --codec-fwd" in e for e in
+               CodecSettings(codec_fwd="replica", codec_bwd="replica:last_every=1").errors("cnn"))
+    assert CodecSettings(codec_fwd="replica:all_every=4", codec_bwd="replica:all_every=4").errors("cnn") == []
 
 
 def test_a_partial_heads_update_moves_only_the_weights_it_names():
