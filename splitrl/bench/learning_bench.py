@@ -115,7 +115,8 @@ def learning_table(run_dirs: Sequence[Path], reference: str = "bf16", upto: int 
             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in rows:
-        ratio = f"{ref['total_bytes'] / r['total_bytes']:.1f}" if ref and r["total_bytes"] else ""
+        # Per env step, so a run cut short compares fairly with a finished one.
+        ratio = f"{ref['bytes_per_step'] / r['bytes_per_step']:.1f}" if ref and r["bytes_per_step"] else ""
         ema = "n/a" if r["final_ema"] is None else f"{r['final_ema']:.1f}"
         tail = "n/a" if r["last_episodes_mean"] is None else f"{r['last_episodes_mean']:.1f}"
         wall = "" if r["wall_seconds"] is None else f"{r['wall_seconds'] / 60:.0f} min"

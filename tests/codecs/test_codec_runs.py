@@ -63,7 +63,7 @@ def test_every_codec_run_completes_both_iterations(runs):
         assert [r["iteration"] for r in runs[name]] == [1, 2], name
 
 
-def test_learning_table_has_a_row_per_run_with_its_codecs_and_ratio(runs):
+def test_learning_table_has_a_row_per_run_with_its_codecs_and_ratio(runs, tmp_path):
     from splitrl.bench.learning_bench import learning_table, summarise_run
 
     base = runs["_base"]
@@ -76,6 +76,14 @@ def test_learning_table_has_a_row_per_run_with_its_codecs_and_ratio(runs):
     assert ratio == pytest.approx(plain["total_bytes"] / lean["total_bytes"], rel=0.01) and ratio > 2
     first = summarise_run(base / "lean", upto=1)
     assert first["iterations"] == 1 and first["steps"] == 32 and first["total_bytes"] < lean["total_bytes"]
+    # A run stopped early compares per env step, not by its smaller total.
+    import shutil
+
+    short = tmp_path / "lean-short"
+    shutil.copytree(base / "lean", short)
+    (short / "metrics.jsonl").write_text((base / "lean" / "metrics.jsonl").read_text().splitlines()[0] + "\n")
+    row = learning_table([base / "fp32", short], reference="fp32").splitlines()[3]
+    assert float(row.split("|")[7]) == pytest.approx(plain["bytes_per_step"] / first["bytes_per_step"], rel=0.01)
 
 
 def test_casts_and_int8_cut_bytes_by_their_width(runs):
