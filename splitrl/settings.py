@@ -137,7 +137,7 @@ class CodecSettings:
                     out.append(f"--codec-{stream} {spec!r}: replica takes no +zstd layer (it sends a few floats a sample)")
         if len(replica) == 2:
             fwd, bwd = replica["fwd"], replica["bwd"]
-            for key in ("sync", "last_every", "all_every"):  # the fwd spec's count; say so rather than drop
+            for key in fwd.from_fwd:  # the fwd spec's count; say so rather than drop
                 if getattr(bwd, key) != getattr(fwd, key) and getattr(bwd, key) != bwd.params[key].default:
                     out.append(f"--codec-bwd {self.codec_bwd!r}: {key} is read from --codec-fwd; "
                                f"give it there (--codec-fwd has {key}={getattr(fwd, key)})")

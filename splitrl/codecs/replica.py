@@ -44,7 +44,8 @@ of them. Both count minibatches over the iteration (``all_every=160`` is every 5
 epochs at 32 minibatches an epoch); 0 means only after the rollout. They travel
 as ``heads`` messages after the ``train_bwd`` of that minibatch.
 
-The parameters are read from the fwd spec; the bwd spec's are ignored.
+``sync``, ``last_every`` and ``all_every`` are read from the fwd spec; setting them only
+on the bwd spec is a settings error.
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ class Replica(Codec):
         "all_every": Param(int, 0, "also send the change of all weights after every N-th training minibatch "
                                    "(0: only after the rollout)"),
     }
+
+    from_fwd = ("sync", "last_every", "all_every")
+    """The parameters both stages read from the fwd spec (the bwd spec's must be left alone)."""
 
     def __init__(self, **values: Any) -> None:
         super().__init__(**values)

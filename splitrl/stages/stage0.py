@@ -147,16 +147,24 @@ class Stage0:
     def _sync_replica(self, msg: Message, iteration: int, samples: int) -> None:
         """Update the heads' replica, then its outputs on every sample's rollout view."""
         start = time.perf_counter()
-        if msg.header.get("iteration") != iteration:
-            raise ProtocolError(f"heads: expected the update for iteration {iteration}, got {msg.header.get('iteration')!r}")
-        view = self.heads_sync.decode(msg.tensors)
-        width = self.replica_heads.critic[0].in_features
+        self._update_replica(msg, {"iteration": iteration})
+        with torch.no_grad():
+            self.view_outputs = torch.cat([self.replica_heads.outputs(self._view_rows(idx))
+                                           for idx in torch.arange(samples).split(1024)])
+        self.clock.add("codec", start)
+
+    def _update_replica(self, msg: Message, expected: dict[str, int], names: list[str] | None = None) -> None:
+        """Check that ``msg`` is the update ``expected`` names, apply it to the view, copy that into the replica."""
+        got = {key: msg.header.get(key) for key in expected}
+        if got != expected:
+            raise ProtocolError(f"heads: expected the update for {expected}, got {got}")
+        view = self.heads_sync.decode(msg.tensors, names)
         with torch.no_grad():
             for name, p in self.replica_heads.replicated():
                 p.copy_(view[name])
-            self.view_outputs = torch.cat([self.replica_heads.outputs(self.codecs.replica.view_rows(idx, width))
-                                           for idx in torch.arange(samples).split(1024)])
-        self.clock.add("codec", start)
+
+    def _view_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.codecs.replica.view_rows(idx, self.replica_heads.critic[0].in_features)
 
     def train(self, link: Transport, iteration: int) -> None:
         if self.optimizer is None:
@@ -200,7 +208,7 @@ class Stage0:
         if self.view_outputs is not None:
             return self.view_outputs[idx]
         with torch.no_grad():
-            return self.replica_heads.outputs(self.codecs.replica.view_rows(idx, self.replica_heads.critic[0].in_features))
+            return self.replica_heads.outputs(self._view_rows(idx))
 
     def _sync_replica_midway(self, link: Transport, iteration: int, epoch: int, mb: int) -> None:
         """Receive and apply the update that follows this minibatch's gradient, if one is due."""
@@ -213,13 +221,7 @@ class Stage0:
         start = self.clock.add("link", start)
         if msg.kind != "heads":
             raise ProtocolError(f"stage0: after 'train_bwd' of minibatch {(epoch, mb)} expected 'heads', got {msg.kind!r}")
-        where = tuple(msg.header.get(k) for k in ("iteration", "epoch", "mb"))
-        if where != (iteration, epoch, mb):
-            raise ProtocolError(f"heads: expected the update after minibatch {(iteration, epoch, mb)}, got {where}")
-        view = self.heads_sync.decode(msg.tensors, due)
-        with torch.no_grad():
-            for name, p in self.replica_heads.replicated():
-                p.copy_(view[name])
+        self._update_replica(msg, {"iteration": iteration, "epoch": epoch, "mb": mb}, due)
         self.view_outputs = None  # stale now; `_view_outputs` computes what each minibatch needs
         self.clock.add("codec", start)
 
