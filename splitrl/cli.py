@@ -5,12 +5,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -70,23 +66,6 @@ def training_options(func: Callable) -> Callable:
     for option in reversed(options):
         wrapper = option(wrapper)
     return wrapper
-
-
-def settings_to_args(settings: TrainSettings, options: RunOptions) -> list[str]:
-    """The command-line arguments that rebuild ``settings`` and ``options``."""
-    args: list[str] = []
-    pairs = [(f, getattr(settings, f.name)) for f in dataclasses.fields(settings) if "help" in f.metadata]
-    pairs += [(f, getattr(settings.env, f.name)) for f in dataclasses.fields(settings.env)]
-    pairs += [(f, getattr(settings.ppo, f.name)) for f in dataclasses.fields(settings.ppo)]
-    pairs += [(f, getattr(settings.codecs, f.name)) for f in dataclasses.fields(settings.codecs)]
-    pairs += [(f, getattr(options, f.name)) for f in dataclasses.fields(options)]
-    for f, value in pairs:
-        name = _option_name(f.name)
-        if isinstance(value, bool):
-            args.append(name if value else f"--no-{name[2:]}")
-        else:
-            args += [name, repr(value) if isinstance(value, float) else str(value)]
-    return args
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -165,78 +144,14 @@ def train(settings: TrainSettings, options: RunOptions) -> None:
     _run_cli(lambda: train_twin(settings, options))
 
 
-def free_port_pair(host: str = "127.0.0.1") -> int:
-    """A port P such that P and P+1 were free a moment ago."""
-    for _ in range(100):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind((host, 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            try:
-                b.bind((host, port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free pair of adjacent ports on loopback")
-
-
-def launch_split(settings: TrainSettings, options: RunOptions, grace: float = 15.0, endpoint: str | None = None) -> int:
-    """Start stage1 and stage0 as two processes over loopback; stop both on any exit path.
-
-    ``endpoint``: where stage1 binds and stage0 connects (default: a free loopback tcp port pair).
-    """
-    settings.validate(options)
-    if not options.run_dir:
-        from .stages.runlog import default_run_dir
-
-        options = dataclasses.replace(options, run_dir=default_run_dir(settings.env.env_id))
-    endpoint = endpoint or f"tcp://127.0.0.1:{free_port_pair()}"
-    base = [sys.executable, "-m", "splitrl"]
-    args = settings_to_args(settings, options)
-    procs = [
-        subprocess.Popen(base + ["stage1", "--bind", endpoint] + args),
-        subprocess.Popen(base + ["stage0", "--connect", endpoint] + args),
-    ]
-    try:
-        deadline = None
-        while True:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                break
-            if any(c not in (None, 0) for c in codes) and deadline is None:
-                deadline = time.monotonic() + grace  # one failed: the other should follow via abort
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        log.info("stopping both stages")
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.1)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-    codes = [p.returncode for p in procs]
-    log.info("run directory: %s (stage1 exit %s, stage0 exit %s)", options.run_dir, *codes)
-    return next((c for c in codes if c), 0)
-
-
 @main.command()
 @click.option("--endpoint", default=None,
               help="where stage1 binds and stage0 connects, e.g. ipc:///tmp/link  [default: a free loopback tcp port pair]")
 @training_options
 def run(settings: TrainSettings, options: RunOptions, endpoint: str | None) -> None:
     """Split training on this machine: stage1 and stage0 as two processes over loopback."""
+    from .launch import launch_split
+
     code = _run_cli(lambda: launch_split(settings, options, endpoint=endpoint))
     sys.exit(code)
 

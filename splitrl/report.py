@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .bench.learning_bench import run_settings, summarise_run
-from .stages.curve import link_bytes, read_metrics
+from .runs import link_bytes, read_metrics
 
 __all__ = ["RunSeries", "load_run", "pyplot", "return_figure", "bytes_figure", "report_table", "write_tensorboard",
            "make_report"]

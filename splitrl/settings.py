@@ -23,6 +23,22 @@ CODEC_NAMES = ("fp32", "bf16", "fp16", "int8", "relu", "delta", "paper", "ef", "
 first layer (the paper's "cloud setup": raw observations cross the link)."""
 
 
+def _argv(settings: Any) -> list[str]:
+    """Command-line options for every documented field of a settings dataclass, nested sections included."""
+    args: list[str] = []
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if dataclasses.is_dataclass(value):
+            args += _argv(value)
+            continue
+        name = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(name if value else f"--no-{name[2:]}")
+        else:
+            args += [name, repr(value) if isinstance(value, float) else str(value)]
+    return args
+
+
 def doc(default: Any, help: str) -> Any:
     """A dataclass field with a default and a one-line help text."""
     return field(default=default, metadata={"help": help})
@@ -204,13 +220,9 @@ class TrainSettings:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainSettings":
-        data = dict(data)
-        env = EnvSettings(**data.pop("env", {}))
-        ppo = PPOSettings(**data.pop("ppo", {}))
-        codecs = CodecSettings(**data.pop("codecs", {}))
-        return cls(env=env, ppo=ppo, codecs=codecs, **data)
+    def to_argv(self) -> list[str]:
+        """The command-line options that rebuild these settings (``splitrl stage0 ... ARGV``)."""
+        return _argv(self)
 
 
 @dataclass(frozen=True)
@@ -238,3 +250,7 @@ class RunOptions:
         if self.threads < 0:
             out.append(f"--threads must be >= 0, got {self.threads}")
         return out
+
+    def to_argv(self) -> list[str]:
+        """The command-line options that rebuild these options."""
+        return _argv(self)

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..stages.curve import read_metrics
+from ..runs import read_metrics
 
 __all__ = ["run_e2e_bench", "format_e2e_table", "PAPER_SECONDS_PER_ITERATION"]
 

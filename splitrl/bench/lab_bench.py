@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 from ..netem.lab import DEFAULT_PORT, Lab, LabNames, measure_throughput, stage_commands
 from ..netem.tc import Shaping, format_rate, parse_rate
-from ..stages.curve import read_metrics
+from ..runs import read_metrics
 
 __all__ = [
     "DEFAULT_RATES",

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..stages.curve import link_bytes, read_metrics
+from ..runs import link_bytes, read_metrics
 
 __all__ = ["CONFIGS", "run_learning_comparison", "run_settings", "summarise_run", "learning_table"]
 

@@ -34,7 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..stages.curve import read_metrics
+from ..runs import read_metrics
 
 __all__ = ["LINKS", "PPO_ARGS", "QUICK_PPO_ARGS", "run_swap_bench", "format_swap_table", "swap_chart", "swap_targets", "netns_available"]
 
@@ -95,7 +95,7 @@ class _Netns:
 
 
 def _tcp_endpoint() -> str:
-    from ..cli import free_port_pair  # a tcp port and the next one: ZeroMQ binds both
+    from ..launch import free_port_pair  # a tcp port and the next one: ZeroMQ binds both
 
     return f"tcp://127.0.0.1:{free_port_pair()}"
 

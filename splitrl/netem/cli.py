@@ -166,8 +166,7 @@ def _lab_command() -> click.Command:
 
 def _run_lab_command(settings: Any, options: Any, shaping: Shaping, allow_partial: bool, measure_bytes: int,
                      port: int, dry_run: bool, clean: bool) -> None:
-    from ..cli import settings_to_args
-    from ..stages.runlog import default_run_dir
+    from ..runs import default_run_dir
     from .lab import LabNames, format_lab_plan, format_report, lab_namespaces, run_lab, stage_commands
     from .tc import run_command
 
@@ -186,7 +185,7 @@ def _run_lab_command(settings: Any, options: Any, shaping: Shaping, allow_partia
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     run_dir = os.path.abspath(options.run_dir or default_run_dir(settings.env.env_id))
-    stage_args = settings_to_args(settings, dataclasses.replace(options, run_dir=run_dir))
+    stage_args = settings.to_argv() + dataclasses.replace(options, run_dir=run_dir).to_argv()
     names = LabNames.random()
     if dry_run:
         click.echo(format_lab_plan(names, shaping, stage_commands(stage_args, port)))

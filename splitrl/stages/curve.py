@@ -2,32 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["read_metrics", "curve_table"]
+from ..runs import link_bytes, read_metrics
 
-
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        raise ValueError(f"{run_dir}: no metrics.jsonl (is it a splitrl run directory?)")
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    records = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            if number == len(lines):
-                break  # a run still writing its last line
-            raise ValueError(f"{path}: line {number} is not JSON ({exc})") from None
-    return records
-
-
-def link_bytes(record: dict[str, Any]) -> int:
-    """Bytes on the link up to this record, both directions: stage0's meters see what it sent and received."""
-    return sum(v for k, v in record.items() if k.startswith("net_total/") and k.endswith("_bytes"))
+__all__ = ["curve_table"]
 
 
 def _fmt(value: Any, spec: str) -> str:

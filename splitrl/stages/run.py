@@ -17,7 +17,7 @@ from ..settings import RunOptions, TrainSettings
 from ..transport import TcpTransport, Transport, ZmqTransport
 from ..transport.local import LocalTransport
 from .protocol import LIMITS, STAGE0, STAGE1
-from .runlog import RunLog, default_run_dir
+from ..runs import RunLog, default_run_dir
 from .stage0 import Stage0
 from .stage1 import Stage1, Stage1Server
 

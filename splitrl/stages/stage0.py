@@ -18,7 +18,7 @@ from ..settings import TrainSettings
 from ..transport import Message, ProtocolError, Transport
 from ..transport.handshake import handshake
 from .protocol import STAGE0, STAGE1
-from .runlog import RunLog
+from ..runs import RunLog
 
 __all__ = ["Stage0", "EMA_DECAY"]
 

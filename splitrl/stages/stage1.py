@@ -22,7 +22,7 @@ from ..settings import TrainSettings
 from ..transport import Message, ProtocolError, Transport
 from ..transport.handshake import check_hello, send_hello
 from .protocol import STAGE0, STAGE1
-from .runlog import RunLog
+from ..runs import RunLog
 
 __all__ = ["Stage1", "Stage1Server", "Reply"]
 

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from splitrl.cli import free_port_pair
+from splitrl.launch import free_port_pair
 from splitrl.envs import EnvSpec
 from splitrl.settings import EnvSettings, PPOSettings, RunOptions, TrainSettings
 from splitrl.stages import Stage1, prepare

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import torch
 
-from splitrl.cli import free_port_pair
+from splitrl.launch import free_port_pair
 from splitrl.models import build_agent
 from splitrl.ppo import ppo_loss
 from splitrl.transport.local import LocalTransport

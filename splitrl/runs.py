@@ -1,4 +1,9 @@
-"""The run directory: config.json, metrics.jsonl, episodes.jsonl, checkpoints/."""
+"""Run directories: writing them (`RunLog`) and reading them back (metrics, bytes on the link).
+
+A run directory holds config.json (config-stage0.json / config-stage1.json for
+split runs), metrics.jsonl (one line per iteration), episodes.jsonl (one line
+per finished episode) and checkpoints/.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
-__all__ = ["RunLog", "default_run_dir"]
+__all__ = ["RunLog", "default_run_dir", "read_metrics", "link_bytes"]
 
 
 def default_run_dir(env_id: str) -> str:
@@ -47,5 +50,28 @@ class RunLog:
     def checkpoint(self, stage: str, iteration: int, state: dict[str, Any]) -> Path:
         path = self.dir / "checkpoints" / f"{stage}-iter{iteration:05d}.pt"
         path.parent.mkdir(exist_ok=True)
+        import torch  # reading a run directory needs no torch
+
         torch.save(state, path)
         return path
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise ValueError(f"{run_dir}: no metrics.jsonl (is it a splitrl run directory?)")
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                break  # a run still writing its last line
+            raise ValueError(f"{path}: line {number} is not JSON ({exc})") from None
+    return records
+
+
+def link_bytes(record: dict[str, Any]) -> int:
+    """Bytes on the link up to this record, both directions: stage0's meters see what it sent and received."""
+    return sum(v for k, v in record.items() if k.startswith("net_total/") and k.endswith("_bytes"))
