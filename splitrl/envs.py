@@ -11,7 +11,10 @@ from gymnasium.vector import AutoresetMode
 
 from .settings import EnvSettings
 
-__all__ = ["EnvSpec", "make_single_env", "make_vector_env", "to_env_action", "inspect_env", "to_chw"]
+__all__ = ["EnvSpec", "StepInTwo", "VECTOR_MODES", "make_single_env", "make_vector_env", "to_env_action", "inspect_env",
+           "to_chw"]
+
+VECTOR_MODES = ("sync", "async")
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,43 @@ def make_single_env(settings: EnvSettings) -> gym.Env:
     return env
 
 
-def make_vector_env(settings: EnvSettings, *, reward_gamma: float | None = None, reward_clip: float = 0.0) -> gym.vector.VectorEnv:
-    """``num_envs`` environments with episode statistics.
+class StepInTwo(gym.vector.VectorWrapper):
+    """The innermost wrapper: `begin` starts a step, the wrappers' `step` above it finishes it.
+
+    With an `AsyncVectorEnv` the environments step in their worker processes between
+    the two (gymnasium's ``step_async`` / ``step_wait``), so the caller can encode,
+    send and receive meanwhile; with a `SyncVectorEnv` the step happens in `step`.
+    gymnasium's own wrappers (episode statistics, reward normalisation) stay on top
+    and see every step exactly as without this one.
+    """
+
+    def __init__(self, env: gym.vector.VectorEnv) -> None:
+        super().__init__(env)
+        self.pending: np.ndarray | None = None
+
+    def begin(self, actions: np.ndarray) -> None:
+        if self.pending is not None:
+            raise RuntimeError("a step is already under way")
+        if isinstance(self.env, gym.vector.AsyncVectorEnv):
+            self.env.step_async(actions)
+        self.pending = actions
+
+    def step(self, actions: np.ndarray):
+        if self.pending is None:  # a plain step
+            self.begin(actions)
+        pending, self.pending = self.pending, None
+        if isinstance(self.env, gym.vector.AsyncVectorEnv):
+            return self.env.step_wait()
+        return self.env.step(pending)
+
+
+def make_vector_env(settings: EnvSettings, *, vector: str = "sync", reward_gamma: float | None = None,
+                    reward_clip: float = 0.0) -> tuple[gym.vector.VectorEnv, StepInTwo]:
+    """``num_envs`` environments with episode statistics; returns (the envs, their `StepInTwo`).
+
+    ``vector``: 'sync' steps them in this process (gymnasium's SyncVectorEnv), 'async'
+    in one worker process each (AsyncVectorEnv, started with 'spawn': this process
+    may already run threads, which 'fork' does not copy safely).
 
     Same-step autoreset: the step that ends an episode returns the next episode's
     first observation and puts the real last one in ``info["final_obs"]``, which
@@ -52,14 +90,21 @@ def make_vector_env(settings: EnvSettings, *, reward_gamma: float | None = None,
     continuous PPO; the episode statistics sit inside it, so they record the raw
     returns.
     """
+    if vector not in VECTOR_MODES:
+        raise ValueError(f"vector must be one of {', '.join(VECTOR_MODES)}, got {vector!r}")
     thunks: list[Callable[[], gym.Env]] = [lambda: make_single_env(settings)] * settings.num_envs
-    envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=AutoresetMode.SAME_STEP)
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    if vector == "async":
+        base: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(thunks, autoreset_mode=AutoresetMode.SAME_STEP,
+                                                               context="spawn")
+    else:
+        base = gym.vector.SyncVectorEnv(thunks, autoreset_mode=AutoresetMode.SAME_STEP)
+    stepper = StepInTwo(base)
+    envs: gym.vector.VectorEnv = gym.wrappers.vector.RecordEpisodeStatistics(stepper)
     if reward_gamma is not None:
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=reward_gamma)
         if reward_clip > 0:
             envs = gym.wrappers.vector.ClipReward(envs, -reward_clip, reward_clip)
-    return envs
+    return envs, stepper
 
 
 def to_env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray, mode: str) -> np.ndarray:

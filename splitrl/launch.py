@@ -1,85 +1,161 @@
-"""Starting and stopping the stages' processes: free ports, the one-command local split."""
+"""Starting and stopping processes: free ports, the supervision of a pair of stages, the one-command local split.
+
+Supervision is written once (`supervise`) and used by every place that runs the
+two stages as processes: `launch_split` (``splitrl run``), the lab
+(`splitrl.bench.lab`), the lab benchmark and the transport-swap benchmark.
+"""
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import logging
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import Callable, Sequence
 
-from .runs import default_run_dir
-
-if TYPE_CHECKING:
-    from .settings import RunOptions, TrainSettings
-
-__all__ = ["free_port_pair", "launch_split"]
+__all__ = [
+    "STOP_GRACE_S",
+    "free_port",
+    "free_port_pair",
+    "wait_for_exit",
+    "stop_processes",
+    "supervise",
+    "launch_split",
+]
 
 log = logging.getLogger(__name__)
 
+STOP_GRACE_S = 15.0
+"""How long stopped (or abandoned) stages get to tell each other and exit before they are killed."""
+_POLL_S = 0.1
 
-def free_port_pair(host: str = "127.0.0.1") -> int:
-    """A port P such that P and P+1 were free a moment ago."""
+
+def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
+    """A port P such that P .. P+count-1 were all free on ``host`` a moment ago."""
     for _ in range(100):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind((host, 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
+        with contextlib.ExitStack() as held:
+            first = held.enter_context(socket.socket())
+            first.bind((host, 0))
+            port = first.getsockname()[1]
+            if port + count - 1 > 65535:
                 continue
             try:
-                b.bind((host, port + 1))
+                for offset in range(1, count):
+                    held.enter_context(socket.socket()).bind((host, port + offset))
             except OSError:
                 continue
             return port
-    raise RuntimeError("no free pair of adjacent ports on loopback")
+    raise RuntimeError(f"no {count} free adjacent port(s) on {host}")
 
 
-def launch_split(settings: TrainSettings, options: RunOptions, grace: float = 15.0, endpoint: str | None = None) -> int:
-    """Start stage1 and stage0 as two processes over loopback; stop both on any exit path.
+def free_port_pair(host: str = "127.0.0.1") -> int:
+    """A port P such that P and P+1 were free a moment ago (a ZeroMQ link binds both)."""
+    return free_port(host, count=2)
 
-    ``endpoint``: where stage1 binds and stage0 connects (default: a free loopback tcp port pair).
+
+# -- supervision -----------------------------------------------------------------------
+
+
+def wait_for_exit(procs: Sequence[subprocess.Popen], *, grace: float, timeout: float | None = None) -> bool:
+    """Until every process has exited: True. False when it gave up with some still running:
+    ``grace`` seconds after one failed (a stage that fails tells its peer, which should follow),
+    or after ``timeout`` seconds in all."""
+    give_up = None if timeout is None else time.monotonic() + timeout
+    failed_at = None
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            return True
+        now = time.monotonic()
+        if failed_at is None and any(c not in (None, 0) for c in codes):
+            failed_at = now
+        if (give_up is not None and now > give_up) or (failed_at is not None and now > failed_at + grace):
+            return False
+        time.sleep(_POLL_S)
+
+
+def _signal(proc: subprocess.Popen, sig: int, group: bool) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+
+
+def stop_processes(
+    procs: Sequence[subprocess.Popen],
+    grace: float = STOP_GRACE_S,
+    *,
+    first_signal: int = signal.SIGTERM,
+    group: bool = False,
+) -> None:
+    """``first_signal`` to every process still running, SIGKILL to those left after ``grace`` seconds.
+
+    ``group``: signal each process's whole process group (it was started with
+    ``start_new_session=True``), so what it started goes too.
     """
-    settings.validate(options)
-    if not options.run_dir:
-        options = dataclasses.replace(options, run_dir=default_run_dir(settings.env.env_id))
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        _signal(p, first_signal, group)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(p.poll() is None for p in alive):
+        time.sleep(0.05)
+    for p in alive:
+        if p.poll() is None:
+            _signal(p, signal.SIGKILL, group)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(10)
+
+
+def supervise(
+    procs: Sequence[subprocess.Popen],
+    *,
+    grace: float = STOP_GRACE_S,
+    timeout: float | None = None,
+    on_interrupt: Callable[[], None] | None = None,
+    first_signal: int = signal.SIGTERM,
+    group: bool = False,
+) -> bool:
+    """Run started processes to the end: `wait_for_exit`, then `stop_processes` on every way out.
+
+    Returns True when all exited by themselves, False when what was left had to be
+    stopped (a failed peer's partner did not follow within ``grace``, or ``timeout``
+    passed). Ctrl-C / SIGTERM (KeyboardInterrupt) and any other exception stop
+    them too and propagate; ``on_interrupt`` is called first (to say what happens).
+    """
+    try:
+        return wait_for_exit(procs, grace=grace, timeout=timeout)
+    except KeyboardInterrupt:
+        if on_interrupt is not None:
+            on_interrupt()
+        raise
+    finally:
+        stop_processes(procs, grace, first_signal=first_signal, group=group)
+
+
+# -- the local split -------------------------------------------------------------------
+
+
+def launch_split(stage_args: Sequence[str], run_dir: str, *, endpoint: str | None = None,
+                 grace: float = STOP_GRACE_S) -> int:
+    """Start ``splitrl stage1`` and ``splitrl stage0`` as two processes over loopback; stop both on any exit path.
+
+    ``stage_args`` go to both (the settings' argv, ``--run-dir run_dir`` included); ``endpoint``:
+    where stage1 binds and stage0 connects (default: a free loopback tcp port pair).
+    Returns the first non-zero exit code, else 0.
+    """
     endpoint = endpoint or f"tcp://127.0.0.1:{free_port_pair()}"
     base = [sys.executable, "-m", "splitrl"]
-    args = settings.to_argv() + options.to_argv()
     procs = [
-        subprocess.Popen(base + ["stage1", "--bind", endpoint] + args),
-        subprocess.Popen(base + ["stage0", "--connect", endpoint] + args),
+        subprocess.Popen(base + ["stage1", "--bind", endpoint, *stage_args]),
+        subprocess.Popen(base + ["stage0", "--connect", endpoint, *stage_args]),
     ]
-    try:
-        deadline = None
-        while True:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                break
-            if any(c not in (None, 0) for c in codes) and deadline is None:
-                deadline = time.monotonic() + grace  # one failed: the other should follow via abort
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        log.info("stopping both stages")
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.1)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+    with contextlib.suppress(KeyboardInterrupt):  # both are stopped either way; their exit codes say how
+        supervise(procs, grace=grace, on_interrupt=lambda: log.info("stopping both stages"))
     codes = [p.returncode for p in procs]
-    log.info("run directory: %s (stage1 exit %s, stage0 exit %s)", options.run_dir, *codes)
+    log.info("run directory: %s (stage1 exit %s, stage0 exit %s)", run_dir, *codes)
     return next((c for c in codes if c), 0)

@@ -65,32 +65,26 @@ class ActorCriticHeads(nn.Module):
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(self.trunk(x)).squeeze(-1)
 
-    def get_action_and_value(
-        self, x: torch.Tensor, action: torch.Tensor | None = None, generator: torch.Generator | None = None,
-        offset: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(pre-tanh action u, log-prob, entropy, value); samples u when ``action`` is None.
-
-        ``offset`` (rows of `outputs`' layout) is added to the actor's mean and the value:
-        the change that stage0's newer features make (see `splitrl.codecs.replica`).
-        """
+    def outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Everything the loss takes from the features: (actor mean (B, A), value (B,))."""
         hidden = self.trunk(x)
-        mean, value = self.actor_mean(hidden), self.critic(hidden).squeeze(-1)
-        if offset is not None:
-            mean, value = mean + offset[:, :-1], value + offset[:, -1]
+        return self.actor_mean(hidden), self.critic(hidden).squeeze(-1)
+
+    def evaluate(
+        self, mean: torch.Tensor, value: torch.Tensor, action: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(pre-tanh action u, log-prob, entropy, value) from `outputs`; samples u when ``action`` is None."""
         dist = TanhGaussian(mean, clamp_log_std(self.actor_logstd))
         if action is None:
             action = dist.sample(generator)
         return action, dist.log_prob(action), dist.entropy(), value
 
-    def outputs(self, x: torch.Tensor) -> torch.Tensor:
-        """Everything the loss takes from the features: [actor mean, value], one row per sample."""
-        hidden = self.trunk(x)
-        return torch.cat([self.actor_mean(hidden), self.critic(hidden)], dim=1)
-
-    def replicated(self) -> list[tuple[str, torch.Tensor]]:
-        """The weights `outputs` uses (all but the log-std): what stage0's replica holds."""
-        return [(name, p) for name, p in self.named_parameters() if name != "actor_logstd"]
+    def get_action_and_value(
+        self, x: torch.Tensor, action: torch.Tensor | None = None, generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """CleanRL's call: (pre-tanh action u, log-prob, entropy, value) for features ``x``."""
+        return self.evaluate(*self.outputs(x), action, generator)
 
 
 def build_agent(

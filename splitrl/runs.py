@@ -1,8 +1,14 @@
-"""Run directories: writing them (`RunLog`) and reading them back (metrics, bytes on the link).
+"""Run directories: writing them (`RunLog`) and reading them back (metrics, bytes on the link, one summary).
 
 A run directory holds config.json (config-stage0.json / config-stage1.json for
 split runs), metrics.jsonl (one line per iteration), episodes.jsonl (one line
 per finished episode) and checkpoints/.
+
+Bytes on the link come from stage0's meters, which see both directions:
+``net/<kind>/<direction>_bytes`` is what crossed during one iteration,
+``net_total/<kind>/<direction>_bytes`` everything up to the end of it
+(docs/PROTOCOL.md section 9). Every benchmark, report and curve reads them
+through these readers (`link_bytes`, `iteration_bytes`, ...) and `summarise_run`.
 """
 
 from __future__ import annotations
@@ -11,9 +17,21 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-__all__ = ["RunLog", "default_run_dir", "read_metrics", "link_bytes"]
+__all__ = [
+    "RunLog",
+    "default_run_dir",
+    "read_metrics",
+    "read_episodes",
+    "run_settings",
+    "link_bytes",
+    "link_messages",
+    "iteration_bytes",
+    "iteration_messages",
+    "measured_records",
+    "summarise_run",
+]
 
 
 def default_run_dir(env_id: str) -> str:
@@ -56,10 +74,11 @@ class RunLog:
         return path
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        raise ValueError(f"{run_dir}: no metrics.jsonl (is it a splitrl run directory?)")
+# -- reading ---------------------------------------------------------------------------
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """One record per non-empty line; a half-written last line (a run still writing it) is left out."""
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     records = []
     for number, line in enumerate(lines, start=1):
@@ -67,11 +86,111 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
             records.append(json.loads(line))
         except json.JSONDecodeError as exc:
             if number == len(lines):
-                break  # a run still writing its last line
+                break
             raise ValueError(f"{path}: line {number} is not JSON ({exc})") from None
     return records
 
 
-def link_bytes(record: dict[str, Any]) -> int:
-    """Bytes on the link up to this record, both directions: stage0's meters see what it sent and received."""
-    return sum(v for k, v in record.items() if k.startswith("net_total/") and k.endswith("_bytes"))
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise ValueError(f"{run_dir}: no metrics.jsonl (is it a splitrl run directory?)")
+    return _read_jsonl(path)
+
+
+def read_episodes(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Finished episodes; none before the first one ends (episodes.jsonl is written then)."""
+    path = Path(run_dir) / "episodes.jsonl"
+    return _read_jsonl(path) if path.exists() else []
+
+
+def run_settings(run_dir: str | Path) -> dict[str, Any]:
+    """The training settings the run was started with (stage0's config for a split run); {} if none."""
+    for name in ("config-stage0.json", "config.json"):
+        path = Path(run_dir) / name
+        if path.exists():
+            return json.loads(path.read_text())["settings"]
+    return {}
+
+
+def _meter_sum(record: dict[str, Any], prefix: str, direction: str | None, what: str) -> int:
+    suffix = f"/{direction}_{what}" if direction else f"_{what}"
+    return sum(v for k, v in record.items() if k.startswith(prefix) and k.endswith(suffix))
+
+
+def link_bytes(record: dict[str, Any], direction: str | None = None) -> int:
+    """Bytes on the link up to this record: stage0's meters see what it sent and received.
+
+    ``direction``: ``"sent"`` or ``"recv"`` (as stage0 sees it); None: both.
+    """
+    return _meter_sum(record, "net_total/", direction, "bytes")
+
+
+def link_messages(record: dict[str, Any], direction: str | None = None) -> int:
+    """Messages on the link up to this record (``direction`` as in `link_bytes`)."""
+    return _meter_sum(record, "net_total/", direction, "messages")
+
+
+def iteration_bytes(record: dict[str, Any]) -> int:
+    """Bytes on the link during this record's iteration, both directions."""
+    return _meter_sum(record, "net/", None, "bytes")
+
+
+def iteration_messages(record: dict[str, Any], direction: str | None = None) -> int:
+    """Messages on the link during this record's iteration (``direction`` as in `link_bytes`)."""
+    return _meter_sum(record, "net/", direction, "messages")
+
+
+def measured_records(records: Sequence[dict[str, Any]], skip_first: bool = True) -> Sequence[dict[str, Any]]:
+    """The iterations per-iteration means are taken over: all but the first when there are two or more
+    (``skip_first``), because the first pays for the processes' start-up (connections, allocator, caches)."""
+    return records[1:] if skip_first and len(records) >= 2 else records
+
+
+def _mean(records: Sequence[dict[str, Any]], key: str) -> float | None:
+    """Mean of ``key`` over ``records``; None unless every record has it."""
+    values = [r.get(key) for r in records]
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values) / len(values)
+
+
+def summarise_run(
+    run_dir: str | Path, last_episodes: int = 20, upto: int | None = None, *, skip_first: bool = True
+) -> dict[str, Any]:
+    """One run directory in numbers: totals as of its last iteration, means per iteration, returns.
+
+    ``upto``: as of the end of that iteration (to compare runs of different lengths).
+    The per-iteration means (``*_per_iteration``, ``steps_per_second``) are over
+    `measured_records`. A mean of a metric some iteration lacks is None.
+    """
+    records = [r for r in read_metrics(run_dir) if upto is None or r["iteration"] <= upto]
+    if not records:
+        raise ValueError(f"{run_dir}: metrics.jsonl has no iterations")
+    last = records[-1]
+    used = measured_records(records, skip_first)
+    total = link_bytes(last)
+    steps = last.get("global_step")
+    episodes = [e for e in read_episodes(run_dir) if e["iteration"] <= last["iteration"]]
+    tail = [e["return"] for e in episodes[-last_episodes:]]
+    settings = run_settings(run_dir)
+    codecs = settings.get("codecs", {})
+    return {
+        "run": Path(run_dir).name,
+        "cut": settings.get("cut", "?"),
+        # Runs from before codecs existed sent float32, as the fp32 codec does.
+        "codecs": " / ".join(codecs.get(f"codec_{s}", "fp32") for s in ("rollout", "fwd", "bwd"))
+        + ("" if codecs.get("exchange", "features") == "features" else f" / {codecs['exchange']}"),
+        "iterations": last["iteration"],
+        "iterations_used": len(used),
+        "steps": steps,
+        "total_bytes": total,
+        "bytes_per_step": total / steps if steps else None,
+        "bytes_per_iteration": sum(iteration_bytes(r) for r in used) / len(used),
+        "seconds_per_iteration": _mean(used, "time/iteration"),
+        "steps_per_second": _mean(used, "charts/SPS"),
+        "link_wait_per_iteration": sum(r.get("time/link_wait", 0.0) for r in used) / len(used),
+        "final_ema": last.get("charts/episodic_return_ema"),
+        "last_episodes_mean": sum(tail) / len(tail) if tail else None,
+        "wall_seconds": last.get("time/total"),
+    }

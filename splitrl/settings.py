@@ -1,7 +1,7 @@
 """Settings: one frozen dataclass per concern, every field with a default and a doc.
 
 Fields that both stages must agree on (`TrainSettings.shared`) go into the
-handshake hash. Click options are generated from these fields (see cli.py), so a
+handshake hash. Click options are generated from these fields (splitrl/cli/options.py), so a
 field's ``help`` is written once, here.
 """
 
@@ -12,12 +12,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "TrainSettings", "RunOptions", "ACTION_MAPS", "CUTS", "TRANSPORTS", "doc"]
+__all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "Exchange", "EXCHANGES", "TrainSettings", "RunOptions", "ACTION_MAPS", "CUTS", "TRANSPORTS", "doc"]
 
 TRANSPORTS = ("zmq", "tcp", "torch-rpc")
 CUTS = ("cnn", "input")
 ACTION_MAPS = ("clip", "affine")
-CODEC_NAMES = ("fp32", "bf16", "fp16", "int8", "relu", "delta", "paper", "ef", "frames", "replica")
+CODEC_NAMES = ("fp32", "bf16", "fp16", "int8", "relu", "delta", "paper", "ef", "frames")
 """The codecs of `splitrl.codecs.CODECS`, named here so --help needs no torch import."""
 """Where the network is split: after the CNN (the paper's pipeline) or before its
 first layer (the paper's "cloud setup": raw observations cross the link)."""
@@ -119,21 +119,85 @@ class PPOSettings:
         return out
 
 
+EXCHANGES = ("features", "replica")
+SYNC_MODES = ("fp32", "bf16", "int8")
+OUTPUT_CODECS = ("fp32", "bf16", "fp16", "int8")
+"""The dense codecs that carry the replica exchange's per-sample outputs and their gradient."""
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """What crosses the cut in training, parsed from ``--exchange NAME[:key=value,...]``.
+
+    ``features``: the encoder's output and the loss gradient with respect to it.
+    ``replica``: stage0 keeps a replica of the heads; the change of the heads' outputs
+    since the rollout and the gradient with respect to them (`splitrl.stages.replica`).
+    """
+
+    name: str = "features"
+    sync: str = "int8"
+    """replica: how the heads' weight updates travel (fp32, bf16 or int8 with one scale per row)."""
+    last_every: int = 0
+    """replica: also update all weights but the two first layers after every N-th training minibatch (0: never)."""
+    all_every: int = 0
+    """replica: also update all weights after every N-th training minibatch (0: never)."""
+
+    @classmethod
+    def parse(cls, spec: str) -> "Exchange":
+        """ValueError naming what is wrong."""
+        name, _, params = spec.strip().partition(":")
+        if name not in EXCHANGES:
+            raise ValueError(f"--exchange {spec!r}: unknown exchange {name!r} (one of {', '.join(EXCHANGES)})")
+        known = {f.name: f.type for f in dataclasses.fields(cls) if f.name != "name"} if name == "replica" else {}
+        values: dict[str, Any] = {}
+        for item in filter(None, params.split(",")):
+            key, eq, raw = (part.strip() for part in item.partition("="))
+            if not eq or key not in known:
+                raise ValueError(f"--exchange {spec!r}: unknown parameter {item!r} for {name!r} "
+                                 f"(parameters: {', '.join(known) or 'none'})")
+            try:
+                values[key] = int(raw) if known[key] in (int, "int") else raw
+            except ValueError:
+                raise ValueError(f"--exchange {spec!r}: {key}={raw!r} is not a whole number") from None
+        exchange = cls(name, **values)
+        if exchange.sync not in SYNC_MODES:
+            raise ValueError(f"--exchange {spec!r}: sync must be one of {', '.join(SYNC_MODES)}")
+        for key in ("last_every", "all_every"):
+            if getattr(exchange, key) < 0:
+                raise ValueError(f"--exchange {spec!r}: {key} must be >= 0, got {getattr(exchange, key)}")
+        return exchange
+
+
 @dataclass(frozen=True)
 class CodecSettings:
-    """What each stream's tensors become on the wire (see `splitrl.codecs`)."""
+    """What crosses the link: each stream's codec (see `splitrl.codecs`) and the training exchange."""
 
     codec_rollout: str = doc("fp32", "codec of the rollout features (stage0 -> stage1, every env step)")
-    codec_fwd: str = doc("fp32", "codec of the training features (stage0 -> stage1, every minibatch)")
-    codec_bwd: str = doc("fp32", "codec of the feature gradients (stage1 -> stage0, every minibatch)")
+    codec_fwd: str = doc("fp32", "codec of what stage0 sends in training (stage0 -> stage1, every minibatch)")
+    codec_bwd: str = doc("fp32", "codec of the gradient stage1 sends back in training (every minibatch)")
+    exchange: str = doc(
+        "features",
+        "what crosses the cut in training: 'features' (the encoder's output and its gradient) or "
+        "'replica[:sync=int8|bf16|fp32,last_every=N,all_every=N]' (stage0 keeps a replica of the heads, "
+        "updated after each rollout and every N minibatches if asked; the change of the heads' outputs "
+        "since the rollout and its gradient cross, 4 values a sample; fwd/bwd codecs fp32, bf16, fp16 or int8)",
+    )
 
     def errors(self, cut: str) -> list[str]:
         from .codecs import parse_codec  # codecs import the transport; settings stay import-light
 
         out: list[str] = []
-        replica: dict[str, Any] = {}  # the streams whose codec is replica, and that codec
+        try:
+            exchange: Exchange | None = Exchange.parse(self.exchange)
+        except ValueError as exc:
+            out.append(str(exc))
+            exchange = None
         for stream in ("rollout", "fwd", "bwd"):
             spec = getattr(self, f"codec_{stream}")
+            if spec.strip().partition(":")[0].partition("+")[0] == "replica":
+                out.append(f"--codec-{stream} {spec!r}: replica is an exchange, not a codec: use --exchange "
+                           "replica[:sync=...,last_every=N,all_every=N] with --codec-fwd/--codec-bwd fp32 or bf16")
+                continue
             try:
                 codec = parse_codec(spec, stream)
             except ValueError as exc:
@@ -147,20 +211,16 @@ class CodecSettings:
                 out.append(f"--codec-{stream} {spec!r}: with --cut input nothing crosses the link in training")
             if cut != "input" and base == "frames":
                 out.append("--codec-rollout frames needs --cut input (it sends pixels)")
-            if base == "replica":
-                replica[stream] = getattr(codec, "inner", codec)
-                if hasattr(codec, "inner"):
-                    out.append(f"--codec-{stream} {spec!r}: replica takes no +zstd layer (it sends a few floats a sample)")
-        if len(replica) == 2:
-            fwd, bwd = replica["fwd"], replica["bwd"]
-            for key in fwd.from_fwd:  # the fwd spec's count; say so rather than drop
-                if getattr(bwd, key) != getattr(fwd, key) and getattr(bwd, key) != bwd.params[key].default:
-                    out.append(f"--codec-bwd {self.codec_bwd!r}: {key} is read from --codec-fwd; "
-                               f"give it there (--codec-fwd has {key}={getattr(fwd, key)})")
-        if len(replica) == 1:
-            out.append("--codec-fwd replica and --codec-bwd replica go together (the gradient is w.r.t. the heads' "
-                       f"outputs that the fwd stream sends); only --codec-{next(iter(replica))} is replica")
+            if exchange is not None and exchange.name == "replica" and stream != "rollout" \
+                    and codec.spec() not in OUTPUT_CODECS:
+                out.append(f"--codec-{stream} {spec!r}: with --exchange replica it carries 4 values a sample; "
+                           f"use one of {', '.join(OUTPUT_CODECS)}")
+        if exchange is not None and exchange.name != "features" and cut == "input":
+            out.append(f"--exchange {self.exchange!r}: with --cut input nothing crosses the link in training")
         return out
+
+    def parsed_exchange(self) -> Exchange:
+        return Exchange.parse(self.exchange)
 
     def specs(self) -> dict[str, str]:
         return {"rollout": self.codec_rollout, "fwd": self.codec_fwd, "bwd": self.codec_bwd}

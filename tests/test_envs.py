@@ -43,7 +43,7 @@ def test_unknown_action_map_is_refused():
 
 def test_normalised_rewards_reach_the_learner_while_episodes_record_raw_returns():
     settings = EnvSettings(env_id="CarRacing-v3", max_episode_steps=30)
-    raw, scaled = make_vector_env(settings), make_vector_env(settings, reward_gamma=0.99, reward_clip=0.5)
+    (raw, _), (scaled, _) = make_vector_env(settings), make_vector_env(settings, reward_gamma=0.99, reward_clip=0.5)
     raw.reset(seed=3)
     scaled.reset(seed=3)
     action = np.array([[0.0, 0.5, 0.0]], dtype=np.float32)
@@ -65,3 +65,28 @@ def test_normalised_rewards_reach_the_learner_while_episodes_record_raw_returns(
 def test_initial_log_std_is_a_setting():
     _, heads = build_agent((4, 96, 96), 3, "cnn", seed=0, init_log_std=-0.5)
     assert heads.actor_logstd.detach().tolist() == [-0.5] * 3
+
+
+def test_async_envs_stepped_in_two_halves_give_what_sync_envs_give():
+    settings = EnvSettings(num_envs=2, max_episode_steps=12)
+    seen = {}
+    for mode in ("sync", "async"):
+        envs, stepper = make_vector_env(settings, vector=mode, reward_gamma=0.99, reward_clip=10.0)
+        obs, _ = envs.reset(seed=5)
+        trace = [obs.copy()]
+        rng = np.random.default_rng(0)
+        try:
+            for _ in range(15):  # through a time-limit reset: final_obs and episode statistics
+                action = rng.uniform(-1, 1, (2, 3)).astype(np.float32)
+                stepper.begin(action)
+                obs, reward, terminated, truncated, info = envs.step(action)
+                trace += [obs.copy(), reward.copy(), terminated.copy(), truncated.copy()]
+                if truncated.any():
+                    trace += [np.stack([info["final_obs"][i] for i in np.flatnonzero(truncated)]),
+                              info["episode"]["r"].copy()]
+        finally:
+            envs.close()
+        seen[mode] = trace
+    assert len(seen["sync"]) == len(seen["async"]) > 60
+    for a, b in zip(seen["sync"], seen["async"]):
+        assert np.array_equal(a, b)

@@ -25,11 +25,8 @@ import torch
 from ..codecs import CodecSet, Context
 from ..envs import inspect_env
 from ..settings import EnvSettings, PPOSettings, TrainSettings
-from ..stages.protocol import LIMITS, STAGE0, STAGE1
-from ..stages.stage0 import Stage0
-from ..stages.stage1 import Stage1, Stage1Server
+from ..stages import LIMITS, Edge, FeaturesEdge, FeaturesLearner, Learner, Payload
 from ..transport import wire
-from ..transport.local import LocalTransport
 
 __all__ = ["Capture", "capture", "run_codec_bench", "format_codec_table", "pipeline_table", "cloud_bytes_per_step", "DEFAULT_SPECS", "PIPELINES"]
 
@@ -64,7 +61,9 @@ def capture(num_steps: int = 512, epochs: int = 3, minibatches: int = 4, seed: i
             checkpoint_dir: str | None = None) -> Capture:
     """Train one iteration in this process and keep the streams (see the module doc).
 
-    With ``checkpoint_dir`` (a run directory) both stages start from its newest
+    The stages' compute objects run in the synchronous schedule's order with no link
+    at all (fp32 crosses unchanged, so nothing is lost by skipping the wire). With
+    ``checkpoint_dir`` (a run directory) both stages start from its newest
     checkpoints, so the streams are those of a trained agent.
     """
     settings = TrainSettings(
@@ -72,45 +71,44 @@ def capture(num_steps: int = 512, epochs: int = 3, minibatches: int = 4, seed: i
         ppo=PPOSettings(num_steps=num_steps, epochs=epochs, minibatches=minibatches),
     ).validate()
     spec = inspect_env(settings.env)
-    stage1 = Stage1(settings, spec)
-    stage0 = Stage0(settings, spec, _NullLog(), checkpoint_every=0)
+    edge, learner = Edge(settings, spec), Learner(settings, spec)
     if checkpoint_dir:
-        _load_newest(Path(checkpoint_dir), stage0, stage1)
+        _load_newest(Path(checkpoint_dir), edge, learner)
+    sender, receiver = FeaturesEdge(edge), FeaturesLearner(learner)
     out = Capture([], [], [], [], torch.empty(0), settings.env.num_envs, settings.steps_per_iteration)
-    link0, link1 = LocalTransport.pair(STAGE0, STAGE1, limits=LIMITS)
-    server = Stage1Server(stage1, link1)
-    original = stage1.handle
 
-    def tap(msg: wire.Message) -> Iterable[Any]:
-        if msg.kind == "step":
-            out.rollout.append(msg.tensors["features"].clone())
-        elif msg.kind == "train_fwd":
-            epoch, mb = msg.header["epoch"], msg.header["mb"]
-            out.idx.append(stage1.schedule[epoch][mb].clone())
-            out.fwd.append(msg.tensors["features"].clone())
-        for reply in original(msg):
-            if reply[0] == "train_bwd":
-                out.bwd.append(reply[1]["grad"].clone())
-            yield reply
+    def message(kind: str, payload: Payload) -> wire.Message:
+        tensors, header = payload
+        return wire.Message(kind, header, tensors)
 
-    stage1.handle = tap  # type: ignore[method-assign]
-    link0.pump = server.serve_one
-    stage0.run(link0)
-    server.serve_one()
-    out.obs = stage0.obs.clone()
+    edge.open_envs()
+    try:
+        edge.begin_rollout(1)
+        learner.begin_rollout(1)
+        for t in range(num_steps):
+            step = message("step", edge.observe(t))
+            out.rollout.append(step.tensors["features"].clone())
+            edge.step(message("action", learner.act(t, step)))
+        learner.end_rollout(message("rollout_end", edge.end_rollout()))
+    finally:
+        edge.close()
+    for minibatch in edge.minibatches():
+        for idx in minibatch:
+            sent, payload = sender.send(edge.forward(idx), idx)
+            out.idx.append(idx.clone())
+            out.fwd.append(payload[0]["features"].clone())
+            reply = receiver.learn(message("train_fwd", payload), idx)
+            learner.optimizer_step()
+            out.bwd.append(reply[0]["grad"].clone())
+            edge.backward(sent.out, sender.grad(sent, message("train_bwd", reply)))
+            edge.optimizer_step()
+    out.obs = edge.obs.clone()
     return out
 
 
-class _NullLog:
-    """A RunLog that keeps nothing (the capture writes no run directory)."""
-
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
-
-
-def _load_newest(run_dir: Path, stage0: Stage0, stage1: Stage1) -> None:
-    for role, load in (("stage0", lambda d: stage0.net.load_state_dict(d["net"])),
-                       ("stage1", lambda d: stage1.heads.load_state_dict(d["heads"]))):
+def _load_newest(run_dir: Path, edge: Edge, learner: Learner) -> None:
+    for role, load in (("stage0", lambda d: edge.net.load_state_dict(d["net"])),
+                       ("stage1", lambda d: learner.heads.load_state_dict(d["heads"]))):
         files = sorted((run_dir / "checkpoints").glob(f"{role}-iter*.pt"))
         if not files:
             raise FileNotFoundError(f"no {role} checkpoint in {run_dir / 'checkpoints'}")

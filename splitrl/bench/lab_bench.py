@@ -1,6 +1,6 @@
 """Lab benchmark: at each link rate, the achieved throughput and a short PPO run's iteration time.
 
-For every rate (5, 20 and 100 Mbit/s by default) one lab (`splitrl.netem.lab.Lab`:
+For every rate (5, 20 and 100 Mbit/s by default) one lab (`splitrl.netem.netns.Lab`:
 two network namespaces joined by a veth pair shaped alike in both directions)
 is brought up. In it, `measure_throughput` first sends 1 MiB messages stage0 ->
 stage1 through the project's own `ZmqTransport` (target: goodput within 15 % of
@@ -9,10 +9,11 @@ most 1448/1514 = 95.6 % of it). Then the same short PPO configuration runs twice
 as the real ``splitrl stage1`` / ``splitrl stage0`` processes in the two
 namespaces: once with fp32 on every stream, once with the best codec combination
 of the codecs benchmark (`BEST_CODECS`). The figures come from stage0's
-metrics.jsonl: seconds per iteration (``time/iteration``, the first iteration
-left out when there are two or more: it includes the processes' start-up), and
-bytes per iteration (every ``net/*_bytes`` key: stage0's meters see both
-directions), averaged over the same iterations.
+metrics.jsonl through `splitrl.runs.summarise_run`: seconds per iteration
+(``time/iteration``, the first iteration left out when there are two or more:
+it includes the processes' start-up), and bytes per iteration (every
+``net/*_bytes`` key: stage0's meters see both directions), averaged over the
+same iterations.
 
 Needs root (``ip netns``, ``tc``). Each lab is removed on every exit path, by `Lab`.
 """
@@ -20,15 +21,16 @@ Needs root (``ip netns``, ``tc``). Each lab is removed on every exit path, by `L
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..netem.lab import DEFAULT_PORT, Lab, LabNames, measure_throughput, stage_commands
+from ..launch import STOP_GRACE_S, supervise
+from ..netem.netns import Lab, LabNames
 from ..netem.tc import Shaping, format_rate, parse_rate
-from ..runs import read_metrics
+from ..runs import summarise_run
+from .lab import DEFAULT_PORT, measure_throughput, spawn_stages
 
 __all__ = [
     "DEFAULT_RATES",
@@ -39,7 +41,6 @@ __all__ = [
     "BEST_CODECS",
     "CONFIGS",
     "auto_measure_bytes",
-    "summarize_run",
     "run_lab_bench",
     "lab_bench_table",
 ]
@@ -69,31 +70,15 @@ MEASURE_SECONDS = 10.0
 """The automatic throughput payload lasts about this long at the set rate."""
 RUN_TIMEOUT_S = 3600.0
 """Longest one training run may take before it is stopped and the benchmark fails."""
-STOP_GRACE_S = 15.0
+SUMMARY_KEYS = ("iterations", "iterations_used", "seconds_per_iteration", "bytes_per_iteration",
+                "link_wait_per_iteration")
+"""What each row takes from `summarise_run`."""
 
 
 def auto_measure_bytes(rate_bits: int, seconds: float = MEASURE_SECONDS) -> int:
     """About ``seconds`` of the set rate in whole MiB, between 4 and 64 MiB."""
     mib = round(rate_bits / 8 * seconds / _MIB)
     return min(64, max(4, mib)) * _MIB
-
-
-def summarize_run(run_dir: str | Path) -> dict[str, Any]:
-    """s/iteration and bytes/iteration of one run, over its iterations after the first (all if only one)."""
-    records = read_metrics(run_dir)
-    if not records:
-        raise ValueError(f"{run_dir}: metrics.jsonl has no iterations")
-    used = records[1:] if len(records) >= 2 else records
-    n = len(used)
-    return {
-        "iterations": len(records),
-        "iterations_used": n,
-        "seconds_per_iteration": sum(r["time/iteration"] for r in used) / n,
-        "bytes_per_iteration": sum(
-            v for r in used for k, v in r.items() if k.startswith("net/") and k.endswith("_bytes")
-        ) / n,
-        "link_wait_per_iteration": sum(r.get("time/link_wait", 0.0) for r in used) / n,
-    }
 
 
 def _tail(path: Path, chars: int = 2000) -> str:
@@ -105,26 +90,13 @@ def _tail(path: Path, chars: int = 2000) -> str:
 def _train_in_lab(lab: Lab, args: Sequence[str], run_dir: Path, port: int, timeout: float) -> None:
     """Both stages in the lab's namespaces, output to stage0.log / stage1.log beside the run directory's files."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    cmds = stage_commands([*args, "--run-dir", str(run_dir)], port)
-    procs: dict[str, subprocess.Popen] = {}
-    logs = {side: run_dir / f"{side}.log" for side in ("stage1", "stage0")}
-    with contextlib.ExitStack() as files:
-        for side in ("stage1", "stage0"):
-            out = files.enter_context(open(logs[side], "w"))
-            procs[side] = lab.spawn(side, cmds[side], stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        failed_at = None
-        while any(p.poll() is None for p in procs.values()):
-            now = time.monotonic()
-            if failed_at is None and any(p.poll() not in (None, 0) for p in procs.values()):
-                failed_at = now  # the other should follow by the abort message
-            if now > deadline or (failed_at is not None and now > failed_at + STOP_GRACE_S):
-                lab.stop_processes(STOP_GRACE_S)
-                break
-            time.sleep(0.2)
+    start = time.monotonic()
+    procs = spawn_stages(lab, [*args, "--run-dir", str(run_dir)], port, log_dir=run_dir)
+    supervise(list(procs.values()), grace=STOP_GRACE_S, timeout=timeout)
     codes = {side: p.poll() for side, p in procs.items()}
     if any(c != 0 for c in codes.values()):
-        why = "timed out" if time.monotonic() > deadline else "failed"
+        why = "timed out" if time.monotonic() - start > timeout else "failed"
+        logs = {side: run_dir / f"{side}.log" for side in procs}
         details = "\n".join(f"--- {side} (exit {codes[side]}), {logs[side]}:\n{_tail(logs[side])}" for side in logs)
         raise RuntimeError(f"training in the lab {why} (stage1 exit {codes['stage1']}, stage0 exit "
                            f"{codes['stage0']}), run directory {run_dir}\n{details}")
@@ -166,7 +138,7 @@ def run_lab_bench(
                 echo(f"  training with {config} -> {run_dir}")
                 start = time.monotonic()
                 _train_in_lab(lab, [*ppo_args, *codec_args, *extra_args], run_dir, DEFAULT_PORT + 10 * i, timeout)
-                summary = summarize_run(run_dir)
+                summary = summarise_run(run_dir)
                 echo(f"    {summary['seconds_per_iteration']:.1f} s/iteration, "
                      f"{summary['bytes_per_iteration'] / 1e6:.2f} MB/iteration "
                      f"({time.monotonic() - start:.0f} s for the run)")
@@ -182,7 +154,7 @@ def run_lab_bench(
                     "codec_args": list(codec_args),
                     "ppo_args": list(ppo_args) + list(extra_args),
                     "run_dir": str(run_dir),
-                    **summary,
+                    **{key: summary[key] for key in SUMMARY_KEYS},
                 })
     return _with_speedups(rows)
 

@@ -2,20 +2,20 @@
 
 Each configuration is a full `splitrl run` (split over loopback) with the same
 seed and steps; the table comes from the run directories only, so it can be
-rebuilt (`splitrl bench learning --table-only`) from runs made elsewhere.
+rebuilt (`splitrl bench learning --table-only`) from runs made elsewhere;
+each row is `splitrl.runs.summarise_run` of one run directory.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-from ..runs import link_bytes, read_metrics
+from ..runs import summarise_run
 
-__all__ = ["CONFIGS", "run_learning_comparison", "run_settings", "summarise_run", "learning_table"]
+__all__ = ["CONFIGS", "run_learning_comparison", "learning_table"]
 
 CONFIGS: dict[str, list[str]] = {
     "fp32": [],
@@ -39,13 +39,12 @@ CONFIGS: dict[str, list[str]] = {
     # Stale or top-k training features cost the return. This keeps stage1's view of what matters
     # exact to second order instead: stage0 holds a replica of the heads (an int8 weight update
     # per iteration) and training sends only the change of the heads' outputs, 4 floats a sample.
-    "ours-replica": ["--codec-rollout", "int8+zstd", "--codec-fwd", "replica", "--codec-bwd", "replica"],
+    "ours-replica": ["--codec-rollout", "int8+zstd", "--exchange", "replica"],
     # ours-replica's replica is up to 320 minibatches old by the last epoch, and a 1-iteration
     # tiny run shows that costs 2.8 % of the encoder's move (0.0002 % when synced every minibatch).
     # This one also syncs the output layers and biases after every minibatch (about 3 KB each)
     # and all weights every 80 minibatches, which keeps it under 1/20 of bf16's bytes.
-    "ours-replica-sync": ["--codec-rollout", "int8+zstd", "--codec-fwd", "replica:last_every=1,all_every=80",
-                          "--codec-bwd", "replica"],
+    "ours-replica-sync": ["--codec-rollout", "int8+zstd", "--exchange", "replica:last_every=1,all_every=80"],
     "cloud-frames": ["--cut", "input", "--codec-rollout", "frames"],
 }
 """The paper's (fp32 features, sparse gradients after a 30,000-step warm start), the
@@ -65,45 +64,6 @@ def run_learning_comparison(names: Sequence[str], total_steps: int, out_dir: Pat
             raise RuntimeError(f"{name}: `{' '.join(command)}` exited {result.returncode}")
         dirs.append(run_dir)
     return dirs
-
-
-def run_settings(run_dir: str | Path) -> dict[str, Any]:
-    for name in ("config-stage0.json", "config.json"):
-        path = Path(run_dir) / name
-        if path.exists():
-            return json.loads(path.read_text())["settings"]
-    return {}
-
-
-def summarise_run(run_dir: Path, last_episodes: int = 20, upto: int | None = None) -> dict[str, Any]:
-    """Totals of one run directory: bytes on the link, returns, wall time.
-
-    With ``upto``, as of the end of that iteration (to compare runs of different lengths).
-    """
-    rows = [r for r in read_metrics(run_dir) if upto is None or r["iteration"] <= upto]
-    if not rows:
-        raise ValueError(f"{run_dir}: no metrics")
-    last = rows[-1]
-    total = link_bytes(last)
-    path = Path(run_dir) / "episodes.jsonl"  # written when the first episode ends
-    episodes = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    episodes = [e for e in episodes if e["iteration"] <= last["iteration"]]
-    tail = [e["return"] for e in episodes[-last_episodes:]]
-    settings = run_settings(run_dir)
-    codecs = settings.get("codecs", {})
-    return {
-        "run": run_dir.name,
-        "cut": settings.get("cut", "?"),
-        # Runs from before codecs existed sent float32, as the fp32 codec does.
-        "codecs": " / ".join(codecs.get(f"codec_{s}", "fp32") for s in ("rollout", "fwd", "bwd")),
-        "iterations": last["iteration"],
-        "steps": last["global_step"],
-        "total_bytes": total,
-        "bytes_per_step": total / last["global_step"],
-        "final_ema": last.get("charts/episodic_return_ema"),
-        "last_episodes_mean": sum(tail) / len(tail) if tail else None,
-        "wall_seconds": last.get("time/total"),
-    }
 
 
 def learning_table(run_dirs: Sequence[Path], reference: str = "bf16", upto: int | None = None) -> str:

@@ -22,21 +22,20 @@ Unix-socket traffic never reaches it.
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..runs import read_metrics
+from ..launch import free_port_pair, supervise
+from ..netem.netns import LoopbackNamespace, netns_available
+from ..runs import iteration_messages, measured_records, read_metrics, summarise_run
 
-__all__ = ["LINKS", "PPO_ARGS", "QUICK_PPO_ARGS", "run_swap_bench", "format_swap_table", "swap_chart", "swap_targets", "netns_available"]
+__all__ = ["LINKS", "PPO_ARGS", "QUICK_PPO_ARGS", "run_swap_bench", "format_swap_table", "swap_chart", "swap_targets"]
 
 log = logging.getLogger(__name__)
 
@@ -53,106 +52,49 @@ PPO_ARGS = ("--num-steps", "512", "--epochs", "10", "--minibatches", "4", "--thr
 QUICK_PPO_ARGS = ("--num-steps", "32", "--epochs", "2", "--minibatches", "2", "--max-episode-steps", "20", "--threads", "1")
 
 
-@functools.lru_cache(maxsize=1)
-def netns_available() -> bool:
-    """Whether this process can create (and remove) a network namespace: tried once."""
-    if not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("ip")):
-        return False
-    try:
-        with _Netns():
-            return True
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-class _Netns:
-    """A private network namespace with only its loopback up; removed on exit."""
-
-    def __init__(self) -> None:
-        self.name = f"splitrl-swap-{uuid.uuid4().hex[:8]}"
-
-    def __enter__(self) -> "_Netns":
-        subprocess.run(["ip", "netns", "add", self.name], check=True, capture_output=True, timeout=15)
-        try:
-            subprocess.run(["ip", "-n", self.name, "link", "set", "lo", "up"], check=True, capture_output=True, timeout=15)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        result = subprocess.run(["ip", "netns", "del", self.name], capture_output=True, text=True, timeout=15)
-        if result.returncode != 0:
-            log.warning("could not remove network namespace %s: %s", self.name, result.stderr.strip())
-
-    def wrap(self, argv: Sequence[str]) -> list[str]:
-        return ["ip", "netns", "exec", self.name, *argv]
-
-    def lo_bytes(self) -> int:
-        out = subprocess.run(self.wrap(["cat", "/sys/class/net/lo/statistics/tx_bytes"]),
-                             check=True, capture_output=True, text=True, timeout=15)
-        return int(out.stdout)
-
-
 def _tcp_endpoint() -> str:
-    from ..launch import free_port_pair  # a tcp port and the next one: ZeroMQ binds both
-
-    return f"tcp://127.0.0.1:{free_port_pair()}"
+    return f"tcp://127.0.0.1:{free_port_pair()}"  # a tcp port and the next one: ZeroMQ binds both
 
 
 def _run_logged(command: Sequence[str], log_path: Path, timeout: float) -> int:
     """Run ``command`` in its own process group, output to ``log_path``; on timeout stop the whole group."""
     with open(log_path, "w") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return proc.wait(timeout)
-        except BaseException:
-            # `splitrl run` stops both stages on SIGINT; whatever is left after that is killed.
-            for sig, grace in ((signal.SIGINT, 20.0), (signal.SIGKILL, 10.0)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(grace)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            raise
+    # `splitrl run` stops both stages on SIGINT; whatever is left after that is killed.
+    if not supervise([proc], grace=20.0, timeout=timeout, first_signal=signal.SIGINT, group=True):
+        raise subprocess.TimeoutExpired(command, timeout)
+    return proc.returncode
 
 
-def _summarise(link: str, records: list[dict[str, Any]], kernel_bytes: int | None, run_dir: Path) -> dict[str, Any]:
+def _summarise(link: str, run_dir: Path, kernel_bytes: int | None) -> dict[str, Any]:
     transport, kind = LINKS[link]
-    # The first iteration pays for start-up (connections, allocator, caches): skip it when there are more.
-    measured = records[1:] if len(records) > 1 else records
-    n = len(measured)
+    summary = summarise_run(run_dir)  # means over measured_records: the first iteration pays for start-up
+    measured = measured_records(read_metrics(run_dir))
 
     def mean(f: Any) -> float:
-        return sum(f(r) for r in measured) / n
+        return sum(f(r) for r in measured) / len(measured)
 
     def messages(r: dict[str, Any]) -> int:
-        return sum(v for k, v in r.items() if k.startswith("net/") and k.endswith("recv_messages"))
+        return iteration_messages(r, "recv")
 
-    last = records[-1]
-    app_total = sum(v for k, v in last.items() if k.startswith("net_total/") and k.endswith("_bytes"))
     return {
         "link": link,
         "transport": transport,
         "endpoint": kind,
-        "iterations": len(records),
-        "measured_iterations": n,
-        "steps_per_s": mean(lambda r: r["charts/SPS"]),
-        "seconds_per_iteration": mean(lambda r: r["time/iteration"]),
+        "iterations": summary["iterations"],
+        "measured_iterations": summary["iterations_used"],
+        "steps_per_s": summary["steps_per_second"],
+        "seconds_per_iteration": summary["seconds_per_iteration"],
         # Every message stage0 receives answers one it sent: one round trip each, per second of wall time
         # (the same count for every link, so this follows steps/s; the next figure isolates the link).
         "round_trips_per_s": mean(lambda r: messages(r) / r["time/iteration"]),
-        "link_wait_per_iteration": mean(lambda r: r.get("time/link_wait", 0.0)),
+        "link_wait_per_iteration": summary["link_wait_per_iteration"],
         # stage0's time in send/recv beyond stage1's compute, per round trip: what the link itself costs.
         "link_us_per_round_trip": mean(lambda r: 1e6 * r.get("time/link_wait", 0.0) / max(1, messages(r))),
         "cpu_s_per_iteration": mean(lambda r: r.get("cpu/stage0", 0.0) + r.get("cpu/stage1", 0.0)),
-        "app_bytes_per_iteration": mean(lambda r: sum(v for k, v in r.items() if k.startswith("net/") and k.endswith("_bytes"))),
+        "app_bytes_per_iteration": summary["bytes_per_iteration"],
         # Whole run, start-up and shutdown included: the kernel counter cannot be split by iteration.
-        "app_bytes_total": app_total,
+        "app_bytes_total": summary["total_bytes"],
         "kernel_bytes_total": kernel_bytes,
         "run_dir": str(run_dir),
     }
@@ -196,7 +138,7 @@ def run_swap_bench(
                            "--run-dir", str(run_dir), "--total-steps", str(iterations * num_steps), *ppo_args, *extra_args]
                 kernel = None
                 if use_netns:
-                    with _Netns() as ns:
+                    with LoopbackNamespace() as ns:
                         before = ns.lo_bytes()
                         code = _run_logged(ns.wrap(command), log_path, timeout)
                         kernel = ns.lo_bytes() - before if kind == "tcp" else None
@@ -208,7 +150,7 @@ def run_swap_bench(
             if code != 0:
                 raise RuntimeError(f"{link}: `{' '.join(command)}` exited {code}; its output: {log_path}:\n"
                                    f"{log_path.read_text()[-3000:]}")
-            row = _summarise(link, read_metrics(run_dir), kernel, run_dir)
+            row = _summarise(link, run_dir, kernel)
             row["repeat"] = repeat
             rows.append(row)
     return rows
@@ -256,7 +198,7 @@ def _bar_value(value: float) -> str:
 
 def swap_chart(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """A PNG of four bar panels: steps/s, round trips/s, link wait per round trip, CPU s per iteration."""
-    from ..report import pyplot
+    from .report import pyplot
 
     plt = pyplot()
     means = _mean_by_link(rows)

@@ -32,9 +32,9 @@ from typing import Any, Iterable, Sequence
 import torch
 import zmq
 
+from splitrl.launch import free_port
 from splitrl.transport import TcpTransport, Transport, ZmqTransport
 from splitrl.transport.zmq_transport import DEFAULT_HWM
-from splitrl.transport.torch_rpc import free_port
 
 __all__ = ["run_transport_bench", "format_table", "TRANSPORTS", "ENDPOINTS"]
 

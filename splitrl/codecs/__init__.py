@@ -14,16 +14,16 @@ from typing import Any
 import torch
 
 from .base import STREAMS, Codec, CodecError, Context, Encoded, Param
-from .delta import Delta
+from .delta import Delta, RolloutView
 from .dense import Bf16, Fp16, Fp32, Int8
 from .lossless import Frames, Zstd
-from .replica import HeadsSync, Replica
 from .sparse import TopKErrorFeedback, Paper, ReluSparse
 
-__all__ = ["CODECS", "STREAMS", "Codec", "CodecError", "CodecSet", "Context", "Encoded", "HeadsSync", "Param", "Replica", "parse_codec", "catalogue"]
+__all__ = ["CODECS", "STREAMS", "Codec", "CodecError", "CodecSet", "Context", "Encoded", "Param", "RolloutView", "parse_codec",
+           "catalogue"]
 
 CODECS: dict[str, type[Codec]] = {
-    c.name: c for c in (Fp32, Bf16, Fp16, Int8, ReluSparse, Delta, Paper, TopKErrorFeedback, Frames, Replica)
+    c.name: c for c in (Fp32, Bf16, Fp16, Int8, ReluSparse, Delta, Paper, TopKErrorFeedback, Frames)
 }
 
 
@@ -84,12 +84,13 @@ class CodecSet:
     def __init__(self, rollout: str = "fp32", fwd: str = "fp32", bwd: str = "fp32") -> None:
         self.codecs = {"rollout": parse_codec(rollout, "rollout"), "fwd": parse_codec(fwd, "fwd"),
                        "bwd": parse_codec(bwd, "bwd")}
+        self._view: RolloutView | None = None
 
-    @property
-    def replica(self) -> Replica | None:
-        """The fwd stream's `Replica` when training sends the heads' outputs, else None."""
-        codec = self.codecs["fwd"]
-        return codec if isinstance(codec, Replica) else None
+    def rollout_view(self) -> RolloutView:
+        """Every rollout sample's features as stage1 decoded them, kept alike on both sides from now on."""
+        if self._view is None:
+            self._view = RolloutView("rollout view")
+        return self._view
 
     def __getitem__(self, stream: str) -> Codec:
         return self.codecs[stream]
@@ -131,6 +132,9 @@ class CodecSet:
         return x
 
     def observe_rollout(self, ctx: Context, x: torch.Tensor) -> None:
-        """Rollout features of ``ctx.idx``'s samples as stage1 has them: they fill the delta cache."""
+        """Rollout features of ``ctx.idx``'s samples as stage1 has them: they fill the delta cache
+        and, if one was asked for, the rollout view."""
         if ctx.idx is not None:
             self.codecs["fwd"].observe(ctx.idx, x)
+            if self._view is not None:
+                self._view.observe(ctx.idx, x)

@@ -70,7 +70,6 @@ class Codec(ABC):
     name: ClassVar[str]
     help: ClassVar[str]
     streams: ClassVar[tuple[str, ...]] = STREAMS
-    lossless: ClassVar[bool] = False
     params: ClassVar[dict[str, Param]] = {}
 
     def __init__(self, **values: Any) -> None:

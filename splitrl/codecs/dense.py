@@ -30,7 +30,7 @@ class Cast(Codec):
 
 
 class Fp32(Cast):
-    name, help, lossless = "fp32", "float32 as is (lossless; the default)", True
+    name, help = "fp32", "float32 as is (lossless; the default)"
     wire = torch.float32
 
 

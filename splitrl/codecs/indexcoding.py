@@ -1,7 +1,7 @@
 """Compact codings of a sorted set of positions, and the choice between them.
 
 A position set is a strictly increasing int64 array of k indices into a flat
-array of n candidate slots (0 <= position < n). Three codings:
+array of n candidate slots (0 <= position < n). Two codings:
 
 * BITMASK: one bit per slot, ``ceil(n / 8)`` bytes whatever k is
   (``np.packbits`` with little-endian bit order: slot i is bit ``i % 8`` of
@@ -11,8 +11,6 @@ array of n candidate slots (0 <= position < n). Three codings:
   a gap of 0. A gap below 2**7 takes 1 byte, below 2**14 2 bytes, below 2**21
   3 bytes, and so on (7 payload bits per byte, low group first, the high bit
   set on every byte of a value except its last).
-* PAIRS: the paper's format, an int16 ``(row, col)`` pair per position, 4 bytes
-  each. `encode_positions` never picks it; it is here for the paper's codec.
 
 Where the bitmask and the varint cross over (density d = k / n):
 
@@ -31,11 +29,12 @@ Where the bitmask and the varint cross over (density d = k / n):
   smaller than the bitmask (16 bytes per position at d = 1/128): the longer
   gaps of sparse sets never move the crossover.
 
-Against PAIRS (4k bytes): the bitmask is no larger once 4k >= n / 8, i.e. at
+Against the paper's int16 ``(row, col)`` pairs (4k bytes, the `Paper` codec in
+codecs/sparse.py): the bitmask is no larger once 4k >= n / 8, i.e. at
 d >= 1/32 ~= 3.1 %. A varint gap below 2**21 costs at most 3 bytes, so for
 n <= 2**21 the varint, and so the cheaper of BITMASK and VARINT, is strictly
-smaller than PAIRS for any non-empty set. (PAIRS reaches n = 2**30; only there
-can a handful of positions with gaps of 2**21 or more cost 4-5 bytes each.)
+smaller than the pairs for any non-empty set. (int16 pairs reach n = 2**30; only
+there can a handful of positions with gaps of 2**21 or more cost 4-5 bytes each.)
 
 Decoders take bytes from the network: they check everything, raise
 `ValueError` with a message on any malformed input, and allocate at most
@@ -49,8 +48,6 @@ import numpy as np
 __all__ = [
     "BITMASK",
     "VARINT",
-    "PAIRS",
-    "METHOD_NAMES",
     "MAX_VARINT_BYTES",
     "bitmask_encode",
     "bitmask_decode",
@@ -58,20 +55,14 @@ __all__ = [
     "varint_encode",
     "varint_decode",
     "varint_size",
-    "pairs_encode",
-    "pairs_decode",
-    "encoded_size",
     "encode_positions",
     "decode_positions",
 ]
 
-BITMASK, VARINT, PAIRS = 0, 1, 2
-METHOD_NAMES = {BITMASK: "bitmask", VARINT: "varint", PAIRS: "pairs"}
+BITMASK, VARINT = 0, 1
 
 MAX_VARINT_BYTES = 9
 """9 bytes hold 63 payload bits: every non-negative int64."""
-
-INT16_MAX = 32767
 
 _INT64_MAX = (1 << 63) - 1
 # Smallest gap needing j + 2 bytes, for j = 0 .. 7.
@@ -283,77 +274,7 @@ def varint_decode(buf: np.ndarray, count: int | None = None) -> np.ndarray:
     return _positions_from_gaps(_varint_gaps(_as_bytes(buf), count))
 
 
-# --------------------------------------------------------------------------- pairs
-
-
-def _check_cols(cols: int) -> int:
-    if isinstance(cols, (bool, np.bool_)) or not isinstance(cols, (int, np.integer)):
-        raise ValueError(f"cols must be an integer, got {cols!r}")
-    if not 1 <= cols <= INT16_MAX + 1:
-        raise ValueError(f"cols must be in [1, {INT16_MAX + 1}] for int16 column indices, got {cols}")
-    return int(cols)
-
-
-def pairs_encode(pos: np.ndarray, cols: int) -> np.ndarray:
-    """int16 ``(row, col) = divmod(pos, cols)`` pairs, shape (k, 2).
-
-    Raises ValueError if a row or column index does not fit in int16 (max 32767).
-    """
-    cols = _check_cols(cols)
-    pos = _as_positions(pos)
-    out = np.empty((pos.size, 2), dtype=np.int16)
-    if pos.size == 0:
-        return out
-    if pos.min() < 0:
-        raise ValueError("positions must be non-negative")
-    top_row = int(pos.max()) // cols
-    if top_row > INT16_MAX:
-        raise ValueError(f"row index {top_row} exceeds the int16 range ({INT16_MAX})")
-    rows, col = np.divmod(pos, cols)
-    out[:, 0] = rows
-    out[:, 1] = col
-    return out
-
-
-def pairs_decode(pairs: np.ndarray, cols: int) -> np.ndarray:
-    """int64 positions ``row * cols + col`` from a (k, 2) array of pairs.
-
-    Raises ValueError on a wrong shape, a non-integer dtype, a negative row or a
-    column outside [0, cols).
-    """
-    cols = _check_cols(cols)
-    arr = np.asarray(pairs)
-    if arr.ndim != 2 or arr.shape[1] != 2:
-        raise ValueError(f"pairs must have shape (k, 2), got {arr.shape}")
-    if arr.shape[0] == 0:
-        return np.zeros(0, dtype=np.int64)
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"pairs must be integers, got dtype {arr.dtype}")
-    if arr.dtype.itemsize > 2 or arr.dtype == np.uint16:
-        # wider than int16: make sure the values are int16 values before the arithmetic
-        if arr.min() < -INT16_MAX - 1 or arr.max() > INT16_MAX:
-            raise ValueError(f"pair values exceed the int16 range ({INT16_MAX})")
-    rows = arr[:, 0].astype(np.int64)
-    col = arr[:, 1].astype(np.int64)
-    if rows.min() < 0:
-        raise ValueError("pairs hold a negative row")
-    if col.min() < 0 or col.max() >= cols:
-        raise ValueError(f"pairs hold a column outside [0, {cols})")
-    rows *= cols
-    rows += col
-    return rows
-
-
 # --------------------------------------------------------------------------- choice
-
-
-def encoded_size(pos_count: int, n: int, varint_bytes: int | None = None) -> dict[int, int]:
-    """Bytes of each coding: BITMASK and PAIRS always, VARINT when ``varint_bytes`` is given
-    (see `varint_size`; it depends on the gaps, not only the count)."""
-    sizes = {BITMASK: bitmask_size(n), PAIRS: 4 * int(pos_count)}
-    if varint_bytes is not None:
-        sizes[VARINT] = int(varint_bytes)
-    return sizes
 
 
 def encode_positions(pos: np.ndarray, n: int) -> tuple[int, np.ndarray]:
@@ -379,7 +300,7 @@ def decode_positions(method: int, buf: np.ndarray, n: int, count: int | None = N
     """Positions (int64, strictly increasing, in [0, n)) from an `encode_positions` result.
 
     ``count``, when given, must equal the number of positions. Anything malformed
-    raises ValueError. PAIRS needs the column count: decode it with `pairs_decode`.
+    raises ValueError.
     """
     n = _check_n(n)
     if count is not None:
@@ -404,6 +325,4 @@ def decode_positions(method: int, buf: np.ndarray, n: int, count: int | None = N
         if pos.size and pos[-1] >= n:
             raise ValueError(f"decoded position {int(pos[-1])} is not below n = {n}")
         return pos
-    if method == PAIRS:
-        raise ValueError("method PAIRS cannot be decoded here (it needs the column count): use pairs_decode")
     raise ValueError(f"unknown position coding method {method!r}")

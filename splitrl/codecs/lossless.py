@@ -62,7 +62,6 @@ class Zstd(Codec):
         _check_level(self.level, "zstd")
         self.inner = inner
         self.streams = inner.streams
-        self.lossless = inner.lossless
 
     def spec(self) -> str:
         return f"{self.inner.spec()}+{super().spec()}"
@@ -118,7 +117,6 @@ class Frames(Codec):
     name = "frames"
     help = "cut=input only: the newest frame of each stack as uint8, zstd-compressed; stage1 rebuilds the stack"
     streams = ("rollout",)
-    lossless = True
     params = {"level": Param(int, 3, "zstd compression level")}
 
     def __init__(self, **values: Any) -> None:

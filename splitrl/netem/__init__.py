@@ -1,11 +1,13 @@
-"""Link shaping with tc (`splitrl netem`) and the two-namespace lab (`splitrl lab`).
+"""Link shaping with tc (`splitrl netem`) and network namespaces joined by a shaped veth pair.
 
-`tc` builds, runs and reads tc commands for one interface; `lab` joins two
-network namespaces with a shaped veth pair and runs the stages inside. Neither
-imports torch at module level: the commands stay quick to start.
+`tc` builds, runs and reads tc commands for one interface; `netns` makes the
+namespaces (two joined by a shaped veth pair, or one with only its loopback)
+and starts processes inside. Neither knows what runs there (the lab's training
+runs are `splitrl.bench.lab`) and neither imports torch: the commands stay
+quick to start.
 """
 
-from .lab import Lab, LabNames, LabResult, format_report, measure_throughput, run_lab
+from .netns import Counters, Lab, LabNames, LoopbackNamespace, netns_available
 from .tc import (
     Applied,
     NetemMissing,
@@ -24,9 +26,10 @@ from .tc import (
 
 __all__ = [
     "Applied",
+    "Counters",
     "Lab",
     "LabNames",
-    "LabResult",
+    "LoopbackNamespace",
     "NetemMissing",
     "NoSuchDevice",
     "NotPermitted",
@@ -37,9 +40,7 @@ __all__ = [
     "ToolMissing",
     "apply_shaping",
     "clear_shaping",
-    "format_report",
-    "measure_throughput",
+    "netns_available",
     "plan_shaping",
-    "run_lab",
     "show_shaping",
 ]

@@ -2,7 +2,7 @@
 
 splitrl exists to measure what a slow link costs a split training run. Two
 machines on a real 20 Mbit/s link are rarely at hand, so this module shapes an
-interface of one machine instead (``splitrl netem``), and `splitrl.netem.lab`
+interface of one machine instead (``splitrl netem``), and `splitrl.netem.netns`
 uses it on both ends of a veth pair between two network namespaces.
 
 Two qdiscs can do it:

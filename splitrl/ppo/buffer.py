@@ -75,12 +75,6 @@ class RolloutBuffer:
         self.b_advantages = self.advantages.reshape(-1)
         self.b_returns = self.returns.reshape(-1)
 
-    def minibatch_indices(
-        self, generator: torch.Generator | None, num_minibatches: int
-    ) -> list[torch.Tensor]:
-        """One epoch's shuffled split of batch indices into equal minibatches."""
-        return shuffled_minibatches(self.batch_size, generator, num_minibatches)
-
 
 def shuffled_minibatches(
     batch_size: int, generator: torch.Generator | None, num_minibatches: int

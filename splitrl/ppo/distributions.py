@@ -42,11 +42,6 @@ class TanhGaussian:
         )
         return (self.mean + self.std * noise).detach()
 
-    @staticmethod
-    def squash(u: torch.Tensor) -> torch.Tensor:
-        """Map pre-tanh actions to the bounded action a = tanh(u)."""
-        return torch.tanh(u)
-
     def log_prob(self, u: torch.Tensor) -> torch.Tensor:
         """log pi(tanh(u)), (B,), from the pre-tanh action ``u``.
 

@@ -16,6 +16,7 @@ def compute_gae(
     last_value: torch.Tensor,
     gamma: float = 0.99,
     gae_lambda: float = 0.95,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(advantages, returns)``, both (T, N).
 
@@ -27,6 +28,13 @@ def compute_gae(
     ``obs[t+1]`` already belongs to the next episode. If both flags are set,
     termination wins (no bootstrap). ``final_values`` entries are ignored
     wherever ``truncated`` is False or ``terminated`` is True (they may even be NaN).
+
+    ``weights`` (T, N), for samples an older policy acted on: truncated importance
+    weights min(1, pi / mu), applied V-trace style (Espeholt et al. 2018, with
+    rho-bar = c-bar = 1): each TD error is scaled by its weight and the trace that
+    carries later errors back by the same weight, so
+    ``A_t = w_t delta_t + gamma lambda w_t A_{t+1}`` and the returns (value targets)
+    are ``A + values``. None is plain GAE (every weight 1).
     """
     num_steps = rewards.shape[0]
     terminated = terminated.bool()
@@ -42,7 +50,10 @@ def compute_gae(
         nextnonterminal = nextnonterminal_all[t]
         next_v = nextnonterminal * nextvalues + trunc_bootstrap[t]
         delta = rewards[t] + gamma * next_v - values[t]
-        lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+        if weights is None:
+            lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+        else:
+            lastgaelam = weights[t] * (delta + gamma * gae_lambda * nextnonterminal * lastgaelam)
         advantages[t] = lastgaelam
     returns = advantages + values
     return advantages, returns

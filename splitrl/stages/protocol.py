@@ -1,20 +1,21 @@
 """The session between the stages: message kinds, their contents, and the roles.
 
-stage0 drives; stage1 only answers. Per iteration:
+Per iteration (the synchronous schedule, `splitrl.schedule.sync`, sends them in this order):
 
-  rollout   stage0 -> step {features[, reward, terminated, truncated, final_features, final_index]}
-            stage1 -> action {action}                      (num_steps times)
+  rollout   stage0 -> step {features[, reward, terminated, truncated, final_features, final_index]} header {t}
+            stage1 -> action {action} header {t}                 (num_steps times)
             stage0 -> rollout_end {features, reward, terminated, truncated[, final_*]}
-            stage1 -> heads {<weight updates>}             (only with the replica codec)
+            stage1 -> heads {<weight updates>} header {iteration}
+                                                                 (only with --exchange replica)
   training  stage0 -> train_fwd {features | outputs} header {epoch, mb}
-            stage1 -> train_bwd {grad}                     (epochs x minibatches times,
-                                                            only when stage0 holds parameters)
+            stage1 -> train_bwd {grad} header {epoch, mb}        (epochs x minibatches times,
+                                                                  only when stage0 holds parameters)
             stage1 -> heads {<weight updates>} header {iteration, epoch, mb}
-                                                           (after the train_bwd of the minibatches
-                                                            that the replica's last_every/all_every name)
+                                                                 (after the train_bwd of the minibatches
+                                                                  the replica's last_every/all_every name)
   wrap-up   stage0 -> iter_end header {iteration, checkpoint}
-            stage1 -> progress header {epoch}               (per epoch, only when stage1 trains alone)
-            stage1 -> iter_stats header {losses/..., time/heads}
+            stage1 -> progress header {epoch}                    (per epoch, only when stage1 trains alone)
+            stage1 -> iter_stats header {losses/..., time/heads, cpu/stage1}
   the end   stage0 -> close
 
 A ``step`` at t > 0 carries the outcome of the action taken at t - 1; the last
@@ -23,13 +24,20 @@ observation to bootstrap from. ``final_features`` holds the encoded real last
 observation of each env whose episode was truncated (``final_index`` says which),
 so stage1 can bootstrap it. The minibatch order is `minibatch_schedule(seed,
 iteration)` on both sides; ``epoch``/``mb`` in the header catch any disagreement.
+What ``train_fwd``/``train_bwd`` carry is the training exchange's
+(`splitrl.stages.exchange`): the encoder's features and their gradient, or the
+change of the heads' outputs and its gradient (`splitrl.stages.replica`).
 """
 
 from __future__ import annotations
 
-from ..transport import WireLimits
+from typing import Any
 
-__all__ = ["STAGE0", "STAGE1", "KINDS", "LIMITS"]
+import torch
+
+from ..transport import Message, ProtocolError, WireLimits
+
+__all__ = ["STAGE0", "STAGE1", "KINDS", "LIMITS", "Payload", "tensor"]
 
 STAGE0 = "stage0"
 STAGE1 = "stage1"
@@ -39,3 +47,16 @@ KINDS = frozenset(
 )
 
 LIMITS = WireLimits(kinds=KINDS)
+
+Payload = tuple[dict[str, torch.Tensor], dict[str, Any]]
+"""A message's tensors and header, as a stage computes them and a schedule sends them."""
+
+
+def tensor(msg: Message, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """``msg``'s tensor ``name``, checked for shape and dtype; `ProtocolError` otherwise."""
+    t = msg.tensors.get(name)
+    if t is None:
+        raise ProtocolError(f"{msg.kind}: expected tensor {name!r}, got only {sorted(msg.tensors)}")
+    if tuple(t.shape) != shape or t.dtype != dtype:
+        raise ProtocolError(f"{msg.kind}: tensor {name!r}: expected {dtype} {list(shape)}, got {t.dtype} {list(t.shape)}")
+    return t

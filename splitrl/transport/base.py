@@ -8,6 +8,7 @@ counts the same way.
 from __future__ import annotations
 
 import logging
+import threading
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass
@@ -42,23 +43,28 @@ class ByteMeter:
 
     def __init__(self) -> None:
         self._entries: dict[tuple[str, str], MeterEntry] = defaultdict(MeterEntry)
+        self._lock = threading.Lock()  # a link shared by two threads (`splitrl.transport.channels`)
 
     def add(self, kind: str, direction: str, nbytes: int, nframes: int) -> None:
-        entry = self._entries[(kind, direction)]
-        entry.bytes += nbytes
-        entry.messages += 1
-        entry.frames += nframes
+        with self._lock:
+            entry = self._entries[(kind, direction)]
+            entry.bytes += nbytes
+            entry.messages += 1
+            entry.frames += nframes
 
     def entry(self, kind: str, direction: str) -> MeterEntry:
         return self._entries.get((kind, direction), MeterEntry())
 
     def total(self, direction: str | None = None) -> int:
-        return sum(e.bytes for (_, d), e in self._entries.items() if direction in (None, d))
+        with self._lock:
+            return sum(e.bytes for (_, d), e in self._entries.items() if direction in (None, d))
 
     def snapshot(self) -> dict[str, int]:
         """Flat counters as ``net/<kind>/<direction>_bytes`` and ``..._messages``."""
         out: dict[str, int] = {}
-        for (kind, direction), e in sorted(self._entries.items()):
+        with self._lock:
+            entries = sorted((key, MeterEntry(e.bytes, e.messages, e.frames)) for key, e in self._entries.items())
+        for (kind, direction), e in entries:
             out[f"net/{kind}/{direction}_bytes"] = e.bytes
             out[f"net/{kind}/{direction}_messages"] = e.messages
         return out

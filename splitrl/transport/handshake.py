@@ -66,23 +66,12 @@ def check_hello(msg: Message, role: str, peer_role: str, settings: Mapping[str, 
 
 
 def handshake(
-    transport: Transport,
-    role: str,
-    peer_role: str,
-    settings: Mapping[str, Any],
-    timeout: float | None = None,
-    *,
-    initiator: bool = True,
+    transport: Transport, role: str, peer_role: str, settings: Mapping[str, Any], timeout: float | None = None
 ) -> dict[str, Any]:
-    """Exchange ``hello`` with the peer; return its header or raise `HandshakeError`.
+    """Send our ``hello``, receive the peer's; return its header or raise `HandshakeError`.
 
-    The initiator sends first; the responder answers before checking, so a
-    mismatch is seen, and reported, by both sides.
+    This is the initiator's side. The responder (stage1) answers with `send_hello`
+    before it runs `check_hello`, so a mismatch is seen, and reported, by both sides.
     """
-    if initiator:
-        send_hello(transport, role, settings, timeout)
-        msg = transport.recv(timeout=timeout)
-    else:
-        msg = transport.recv(timeout=timeout)
-        send_hello(transport, role, settings, timeout)
-    return check_hello(msg, role, peer_role, settings, transport.peer)
+    send_hello(transport, role, settings, timeout)
+    return check_hello(transport.recv(timeout=timeout), role, peer_role, settings, transport.peer)

@@ -12,7 +12,6 @@ import errno
 import logging
 import math
 import os
-import re
 import select
 import socket
 import struct
@@ -20,6 +19,7 @@ import time
 from typing import Any, Sequence
 
 from .base import Transport
+from .endpoints import require_tcp_endpoint
 from .errors import ProtocolError, TransportTimeout
 from .wire import WireLimits
 
@@ -27,7 +27,6 @@ __all__ = ["TcpTransport", "PeerGone"]
 
 log = logging.getLogger(__name__)
 
-_TCP_RE = re.compile(r"tcp://(?P<host>\[[^\]]+\]|[^:/\[\]]+):(?P<port>\d+)\Z")
 _COUNT = struct.Struct("<I")
 _LENGTH = struct.Struct("<Q")
 _COUNT_AND_LENGTH = struct.Struct("<IQ")
@@ -46,19 +45,6 @@ _RETRY_CONNECT_S = 0.05
 
 class PeerGone(ConnectionError):
     """The peer closed or reset the connection."""
-
-
-def _parse_endpoint(endpoint: str) -> tuple[str, str, int]:
-    """``tcp://HOST:PORT`` -> (host as written, host for the socket API, port)."""
-    m = _TCP_RE.match(endpoint) if isinstance(endpoint, str) else None
-    if not m:
-        raise ValueError(f"unsupported endpoint {endpoint!r}: TcpTransport needs tcp://HOST:PORT")
-    port = int(m["port"])
-    if port > 65535:
-        raise ValueError(f"{endpoint}: port {port} is out of range")
-    written = m["host"]
-    host = written[1:-1] if written.startswith("[") else written
-    return written, host, port
 
 
 class TcpTransport(Transport):
@@ -93,7 +79,8 @@ class TcpTransport(Transport):
         name: str = "",
     ) -> None:
         super().__init__(peer=name or f"peer at {endpoint}", timeout=timeout, limits=limits)
-        written, host, port = _parse_endpoint(endpoint)
+        tcp = require_tcp_endpoint(endpoint, "TcpTransport")
+        host, port = tcp.address, tcp.port
         self._binding = bind
         self._listener: socket.socket | None = None
         self._sock: socket.socket | None = None
@@ -107,7 +94,7 @@ class TcpTransport(Transport):
             if bind:
                 self._listener = self._listen(host, port)
                 port = self._listener.getsockname()[1]
-                self.endpoint = f"tcp://{written}:{port}"
+                self.endpoint = tcp.with_port(port)
             else:
                 if host == "*":
                     raise ValueError("cannot connect to the wildcard host '*'")

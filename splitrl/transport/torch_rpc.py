@@ -20,7 +20,6 @@ import ipaddress
 import logging
 import os
 import queue
-import re
 import socket
 import urllib.parse
 import warnings
@@ -30,15 +29,15 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from .base import Transport
+from .endpoints import require_tcp_endpoint
 from .errors import TransportTimeout
 from .wire import WireLimits
 
-__all__ = ["TorchRpcTransport", "free_port"]
+__all__ = ["TorchRpcTransport"]
 
 log = logging.getLogger(__name__)
 
 _CLOSE_TIMEOUT_S = 10.0
-_TCP_RE = re.compile(r"tcp://(?P<host>[^:/]+):(?P<port>\d+)\Z")
 _BINDER, _CONNECTOR = "splitrl-binder", "splitrl-connector"
 
 _inbox: "queue.Queue[list[Any]]" = queue.Queue()
@@ -77,13 +76,6 @@ def _register_rendezvous() -> None:
         handlers.register_rendezvous_handler(_SCHEME, _loopback_rendezvous)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A tcp port that was free on ``host`` a moment ago."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def _as_tensor(frame: Any) -> torch.Tensor:
     view = memoryview(frame).cast("B")
     if not view.nbytes:
@@ -112,10 +104,8 @@ class TorchRpcTransport(Transport):
         super().__init__(peer=name or f"peer at {endpoint}", timeout=timeout, limits=limits)
         from torch.distributed import rpc
 
-        m = _TCP_RE.match(endpoint)
-        if not m:
-            raise ValueError(f"torch-rpc needs a tcp://HOST:PORT endpoint, got {endpoint!r}")
-        host, port = m["host"], int(m["port"])
+        tcp = require_tcp_endpoint(endpoint, "torch-rpc")
+        host, port = tcp.address, tcp.port
         try:
             loopback = ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
         except (OSError, ValueError):

@@ -9,12 +9,12 @@ sends block (up to the timeout) until a peer is there.
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any, Sequence
 
 import zmq
 
 from .base import Transport
+from .endpoints import parse_tcp_endpoint
 from .errors import TransportTimeout
 from .wire import WireLimits, frame_nbytes
 
@@ -29,19 +29,15 @@ lock step, so a short queue suffices and bounds memory at 16 x the largest messa
 _ZERO_COPY_BYTES = zmq.COPY_THRESHOLD
 """Frames at least this large are sent zero-copy; smaller ones are cheaper to copy."""
 
-_TCP_RE = re.compile(r"tcp://(?P<host>\[[^\]]+\]|[^:/]+):(?P<port>\d+|\*)\Z")
-
-
 def paired_endpoint(endpoint: str) -> str:
     """The endpoint of the peer-to-binder direction's twin: tcp port + 1, or ``-r`` appended."""
-    m = _TCP_RE.match(endpoint)
-    if m:
-        if m["port"] == "*":
+    tcp = parse_tcp_endpoint(endpoint, wildcard_port=True)
+    if tcp:
+        if tcp.port is None:
             raise ValueError("a wildcard tcp port has no paired endpoint; bind with port 0 instead")
-        port = int(m["port"]) + 1
-        if port > 65535:
-            raise ValueError(f"{endpoint}: the paired port {port} is out of range")
-        return f"tcp://{m['host']}:{port}"
+        if tcp.port + 1 > 65535:
+            raise ValueError(f"{endpoint}: the paired port {tcp.port + 1} is out of range")
+        return tcp.with_port(tcp.port + 1)
     for scheme in ("ipc://", "inproc://"):
         if endpoint.startswith(scheme) and len(endpoint) > len(scheme):
             return endpoint + "-r"
@@ -93,20 +89,20 @@ class ZmqTransport(Transport):
             self.peer = f"peer at {self.endpoint}"
 
     def _bind(self, endpoint: str) -> str:
-        m = _TCP_RE.match(endpoint)
-        if not (m and m["port"] == "0"):
+        tcp = parse_tcp_endpoint(endpoint, wildcard_port=True)
+        if not (tcp and tcp.port == 0):
             self._pull.bind(endpoint)
             self._push.bind(paired_endpoint(endpoint))
             return endpoint
         for _ in range(50):
-            port = self._pull.bind_to_random_port(f"tcp://{m['host']}", min_port=20000, max_port=60000)
-            chosen = f"tcp://{m['host']}:{port}"
+            port = self._pull.bind_to_random_port(f"tcp://{tcp.host}", min_port=20000, max_port=60000)
+            chosen = tcp.with_port(port)
             try:
                 self._push.bind(paired_endpoint(chosen))
                 return chosen
             except zmq.ZMQError:
                 self._pull.unbind(self._pull.getsockopt_string(zmq.LAST_ENDPOINT))
-        raise ValueError(f"found no free pair of adjacent ports on {m['host']}")
+        raise ValueError(f"found no free pair of adjacent ports on {tcp.host}")
 
     def _send_frames(self, frames: list[Any], timeout: float) -> None:
         if timeout != self._sndtimeo:

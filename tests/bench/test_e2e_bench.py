@@ -11,3 +11,13 @@ def test_e2e_bench_runs_both_modes_on_a_tiny_configuration(tmp_path):
     assert rows[0]["bytes_per_iteration"] == rows[1]["bytes_per_iteration"] > 0
     table = format_e2e_table(rows)
     assert "| split | 0 |" in table and "| twin | 0 |" in table
+
+
+def test_e2e_bench_runs_a_git_revision_beside_this_tree(tmp_path):
+    tiny = ["--total-steps", "32", "--num-steps", "32", "--epochs", "1", "--minibatches", "2", "--threads", "1"]
+    rows = run_e2e_bench(iterations=1, repeats=1, extra_args=tiny, out_dir=str(tmp_path), timeout=300, against="HEAD")
+    assert [(r["version"], r["mode"]) for r in rows] == [("this", "split"), ("HEAD", "split"), ("this", "twin"),
+                                                         ("HEAD", "twin")]
+    assert all(r["steps"] == 32 for r in rows)
+    table = format_e2e_table(rows).splitlines()
+    assert table[0].startswith("| version | mode |") and "| HEAD | twin | 0 |" in table[-1]

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from splitrl.bench.swap_bench import LINKS, format_swap_table, netns_available, run_swap_bench, swap_chart, swap_targets
+from splitrl.bench.swap_bench import LINKS, format_swap_table, run_swap_bench, swap_chart, swap_targets
+from splitrl.netem.netns import netns_available
 
 
 def test_quick_swap_runs_the_same_training_over_every_link(tmp_path) -> None:

@@ -16,9 +16,8 @@ RUNS = {
     "sparse": ["--codec-rollout", "relu", "--codec-fwd", "delta", "--codec-bwd", "ef:density=0.05"],
     "lean": ["--codec-rollout", "fp16", "--codec-fwd", "delta:q=none",
              "--codec-bwd", "ef:density=0.02,values=int8+zstd"],
-    "replica": ["--codec-rollout", "int8+zstd", "--codec-fwd", "replica", "--codec-bwd", "replica"],
-    "replica-sync": ["--codec-rollout", "int8+zstd", "--codec-fwd", "replica:last_every=1,all_every=3",
-                     "--codec-bwd", "replica"],
+    "replica": ["--codec-rollout", "int8+zstd", "--exchange", "replica"],
+    "replica-sync": ["--codec-rollout", "int8+zstd", "--exchange", "replica:last_every=1,all_every=3"],
     "cloud": ["--cut", "input"],
     "cloud-frames": ["--cut", "input", "--codec-rollout", "frames"],
 }
@@ -117,13 +116,14 @@ def test_replica_sends_the_heads_outputs_and_one_weight_update_per_iteration(run
     import torch
 
     from splitrl.models import build_agent
+    from splitrl.stages.replica import replicated
 
     # 16 samples a minibatch x (3 action means + 1 value) float32, against 16 x 4096 float32.
     assert _ratio(runs, "replica", FWD) < 0.002 and _ratio(runs, "replica", BWD) < 0.002
     assert _bytes(runs["fp32"], "net/heads/recv_bytes") == 0
     _, heads = build_agent((4, 96, 96), 3, "cnn", seed=1)
     # int8: a byte per weight plus a float32 scale per row (a bias is one row).
-    size = {name: p.numel() + 4 * (p.shape[0] if p.dim() >= 2 else 1) for name, p in heads.replicated()}
+    size = {name: p.numel() + 4 * (p.shape[0] if p.dim() >= 2 else 1) for name, p in replicated(heads)}
     expected = sum(size.values())
     # replica-sync, 4 minibatches an iteration: the rollout's update, the small one after
     # minibatches 1 and 2 (all but the first layers), all weights after 3, none after the last.

@@ -242,13 +242,6 @@ def test_roundtrip_fidelity(spec, stream):
         _check_fidelity(spec, x, out, base)
 
 
-def test_lossless_flags():
-    assert parse_codec("fp32", "fwd").lossless and parse_codec("frames", "rollout").lossless
-    assert parse_codec("fp32+zstd", "bwd").lossless and parse_codec("frames+zstd", "rollout").lossless
-    for spec, stream in [("bf16", "fwd"), ("int8", "bwd"), ("paper", "bwd"), ("ef", "bwd"), ("delta", "fwd")]:
-        assert not parse_codec(spec, stream).lossless
-
-
 def test_uint8_pixels_pass_dense_casts_unchanged():
     """With --cut input the rollout carries uint8 pixels: the casts leave them alone."""
     x = frame_stacks(3, 4, 8, 8, SEED)

@@ -11,16 +11,12 @@ from hypothesis import strategies as st
 from splitrl.codecs.indexcoding import (
     BITMASK,
     MAX_VARINT_BYTES,
-    PAIRS,
     VARINT,
     bitmask_decode,
     bitmask_encode,
     bitmask_size,
     decode_positions,
     encode_positions,
-    encoded_size,
-    pairs_decode,
-    pairs_encode,
     varint_decode,
     varint_encode,
     varint_size,
@@ -73,10 +69,6 @@ def from_gaps(gaps: list[int]) -> np.ndarray:
     return np.cumsum(np.asarray(gaps, dtype=np.int64) + 1) - 1
 
 
-def cols_for(n: int) -> int:
-    return 1024 if n > 4096 else 64
-
-
 def round_trips(pos: np.ndarray, n: int) -> None:
     """Every coding decodes back to exactly ``pos``."""
     pos = np.asarray(pos, dtype=np.int64)
@@ -85,12 +77,6 @@ def round_trips(pos: np.ndarray, n: int) -> None:
     assert out.dtype == np.int64 and np.array_equal(out, pos)
 
     out = varint_decode(varint_encode(pos), count=pos.size)
-    assert out.dtype == np.int64 and np.array_equal(out, pos)
-
-    cols = cols_for(n)
-    pairs = pairs_encode(pos, cols)
-    assert pairs.dtype == np.int16 and pairs.shape == (pos.size, 2)
-    out = pairs_decode(pairs, cols)
     assert out.dtype == np.int64 and np.array_equal(out, pos)
 
     method, buf = encode_positions(pos, n)
@@ -142,7 +128,6 @@ def test_known_bytes():
     assert varint_encode(np.array([5, 10])).tolist() == [5, 4]
     # Little-endian bit order: slot i is bit i % 8 of byte i // 8.
     assert bitmask_encode(np.array([0, 3, 9]), 10).tolist() == [0b00001001, 0b00000010]
-    assert pairs_encode(np.array([0, 5, 21]), 8).tolist() == [[0, 0], [0, 5], [2, 5]]
 
 
 @pytest.mark.parametrize(
@@ -215,11 +200,6 @@ def test_varint_size_is_sum_of_gap_bytes(density):
     assert np.count_nonzero(buf < 0x80) == pos.size
 
 
-def test_encoded_size():
-    assert encoded_size(10, 100) == {BITMASK: 13, PAIRS: 40}
-    assert encoded_size(10, 100, varint_bytes=11) == {BITMASK: 13, PAIRS: 40, VARINT: 11}
-
-
 # --------------------------------------------------------------------------- the choice
 
 
@@ -285,15 +265,6 @@ def test_crossover_bitmask_vs_varint():
     assert 0.118 < 15 / 127 < 0.1182
 
 
-def test_crossover_bitmask_vs_pairs():
-    # Pairs cost 4 bytes each, the bitmask n / 8: equal at k / n = 1/32 (~3.1 %).
-    n = N_BIG
-    k = n // 32
-    assert encoded_size(k, n)[PAIRS] == encoded_size(k, n)[BITMASK] == 65536
-    assert encoded_size(k - 1, n)[PAIRS] < bitmask_size(n) < encoded_size(k + 1, n)[PAIRS]
-    assert pairs_encode(random_positions(n, k / n), 1024).nbytes == 4 * k
-
-
 @pytest.mark.parametrize("density", DENSITIES)
 def test_choice_never_larger_than_pairs(density):
     # Below n = 2**21 every varint gap takes at most 3 bytes, so the choice beats 4-byte pairs.
@@ -332,36 +303,6 @@ def test_encoders_reject_non_integer_positions():
         encode_positions(np.array([0.0, 1.0]), 10)
     with pytest.raises(ValueError):
         varint_encode(np.array([[0, 1]]))
-
-
-def test_pairs_ranges():
-    cols = 1000
-    top = 32767 * cols + cols - 1  # last slot of row 32767
-    assert pairs_encode(np.array([top]), cols).tolist() == [[32767, 999]]
-    assert pairs_decode(pairs_encode(np.array([top]), cols), cols).tolist() == [top]
-    with pytest.raises(ValueError):
-        pairs_encode(np.array([top + 1]), cols)  # row 32768
-    assert pairs_encode(np.array([32767]), 32768).tolist() == [[0, 32767]]
-    with pytest.raises(ValueError):
-        pairs_encode(np.array([0]), 32769)  # column indices up to 32768
-    with pytest.raises(ValueError):
-        pairs_encode(np.array([0]), 0)
-    with pytest.raises(ValueError):
-        pairs_encode(np.array([-1]), 10)
-
-
-def test_pairs_decode_rejects():
-    cols = 10
-    with pytest.raises(ValueError):
-        pairs_decode(np.array([[0, 10]], dtype=np.int16), cols)  # column >= cols
-    with pytest.raises(ValueError):
-        pairs_decode(np.array([[0, -1]], dtype=np.int16), cols)
-    with pytest.raises(ValueError):
-        pairs_decode(np.array([[-1, 0]], dtype=np.int16), cols)
-    with pytest.raises(ValueError):
-        pairs_decode(np.array([0, 1], dtype=np.int16), cols)  # not (k, 2)
-    with pytest.raises(ValueError):
-        pairs_decode(np.array([[40000, 0]], dtype=np.int32), cols)  # not an int16 value
 
 
 # --------------------------------------------------------------------------- decoder checks
@@ -433,7 +374,7 @@ def test_decode_rejects_bitmask_of_wrong_length(n):
             bitmask_decode(np.zeros(wrong, dtype=np.uint8), n)
 
 
-@pytest.mark.parametrize("method", [3, 7, 255, -1, PAIRS, "0", 0.0, None, True])
+@pytest.mark.parametrize("method", [2, 3, 7, 255, -1, "0", 0.0, None, True])
 def test_decode_rejects_unknown_method(method):
     with pytest.raises(ValueError):
         decode_positions(method, np.zeros(2, dtype=np.uint8), 16)

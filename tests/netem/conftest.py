@@ -3,7 +3,11 @@
 import click
 import pytest
 
-from splitrl.netem.cli import register
+from splitrl.cli.netem import netem
+
+from .support import netns_ok, no_leftovers
+
+__all__ = ["cli", "netns_ok", "no_leftovers"]
 
 
 @pytest.fixture
@@ -14,5 +18,5 @@ def cli():
     def main():
         pass
 
-    register(main)
+    main.add_command(netem)
     return main

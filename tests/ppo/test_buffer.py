@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from splitrl.ppo.buffer import RolloutBuffer
+from splitrl.ppo.buffer import RolloutBuffer, shuffled_minibatches
 from splitrl.ppo.gae import compute_gae
 
 T, N, A = 5, 3, 2
@@ -85,18 +85,18 @@ def test_finish_matches_compute_gae_and_flattens_step_major():
     assert (b_obs[2 * N + 1] == obs[2, 1]).all()
 
 
-def test_minibatch_indices():
-    buf = filled_buffer()
-    mbs = buf.minibatch_indices(torch.Generator().manual_seed(0), 5)
+def test_shuffled_minibatches():
+    batch_size = filled_buffer().batch_size
+    mbs = shuffled_minibatches(batch_size, torch.Generator().manual_seed(0), 5)
     assert len(mbs) == 5 and all(mb.dtype == torch.long and mb.shape == (3,) for mb in mbs)
     assert sorted(torch.cat(mbs).tolist()) == list(range(T * N))
-    again = buf.minibatch_indices(torch.Generator().manual_seed(0), 5)
+    again = shuffled_minibatches(batch_size, torch.Generator().manual_seed(0), 5)
     assert all(torch.equal(a, b) for a, b in zip(mbs, again))
-    other = buf.minibatch_indices(torch.Generator().manual_seed(1), 5)
+    other = shuffled_minibatches(batch_size, torch.Generator().manual_seed(1), 5)
     assert not all(torch.equal(a, b) for a, b in zip(mbs, other))
     for bad in [4, 0]:
         with pytest.raises(ValueError):
-            buf.minibatch_indices(None, bad)
+            shuffled_minibatches(batch_size, None, bad)
 
 
 def test_minibatch_schedule_is_a_pure_function_of_seed_and_iteration():

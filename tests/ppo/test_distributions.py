@@ -80,13 +80,6 @@ def test_sample_statistics():
     assert_close(u.std(0), torch.tensor([0.3, 2.0]), atol=0.05, rtol=0)
 
 
-def test_squash_is_tanh_and_bounded():
-    u = torch.tensor([-100.0, -1.0, 0.0, 2.0, 100.0])
-    a = TanhGaussian.squash(u)
-    assert_close(a, torch.tanh(u))
-    assert (a.abs() <= 1).all()
-
-
 def test_entropy_is_base_gaussian_entropy():
     mean, log_std = make(per_sample_std=True)
     ent = TanhGaussian(mean, log_std).entropy()

@@ -1,7 +1,9 @@
 """Bad input gets a clear error, and no stage hangs when its peer misbehaves."""
 
+import re
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -10,9 +12,11 @@ import torch
 from splitrl.launch import free_port_pair
 from splitrl.envs import EnvSpec
 from splitrl.settings import EnvSettings, PPOSettings, RunOptions, TrainSettings
-from splitrl.stages import Stage1, prepare
-from splitrl.transport import ProtocolError, ZmqTransport
-from splitrl.transport.wire import Message
+from splitrl.schedule import prepare
+from splitrl.schedule.sync import stage1_loop
+from splitrl.stages import LIMITS, Learner, learner_exchange
+from splitrl.transport import ProtocolError
+from splitrl.transport.local import LocalTransport
 
 from ..conftest import TINY, child_env, splitrl_cmd
 
@@ -81,39 +85,67 @@ def test_peer_dying_mid_run_makes_the_other_side_exit_nonzero(tmp_path, spawn, v
     assert "within 3 s" in out
 
 
-@pytest.fixture
-def stage1():
-    settings = TrainSettings(env=EnvSettings(num_envs=2), ppo=PPOSettings(num_steps=4, epochs=1, minibatches=2))
-    spec = EnvSpec(obs_shape=(4, 96, 96), action_dim=3, action_low=(-1.0, 0.0, 0.0), action_high=(1.0, 1.0, 1.0))
-    return Stage1(settings, spec)
+SPEC = EnvSpec(obs_shape=(4, 96, 96), action_dim=3, action_low=(-1.0, 0.0, 0.0), action_high=(1.0, 1.0, 1.0))
+SETTINGS = TrainSettings(total_steps=8, env=EnvSettings(num_envs=2), ppo=PPOSettings(num_steps=4, epochs=1, minibatches=2))
 
 
 def _msg(kind, header, **tensors):
-    return Message(kind=kind, header=header, tensors=tensors)
+    return kind, tensors, header
+
+
+def _step(t, **extra):
+    outcome = {} if t == 0 else {"reward": torch.zeros(2), "terminated": torch.zeros(2, dtype=torch.bool),
+                                 "truncated": torch.zeros(2, dtype=torch.bool)}
+    return _msg("step", {"t": t}, features=torch.zeros(2, 4096), **{**outcome, **extra})
+
+
+ROLLOUT = [_step(t) for t in range(4)] + [_msg("rollout_end", {}, features=torch.zeros(2, 4096), reward=torch.zeros(2),
+                                              terminated=torch.zeros(2, dtype=torch.bool),
+                                              truncated=torch.zeros(2, dtype=torch.bool))]
+TRAINING = [_msg("train_fwd", {"epoch": 0, "mb": mb}, features=torch.zeros(4, 4096)) for mb in range(2)]
+
+
+def stage1_refuses(messages):
+    """Feed ``messages`` to stage1's loop (in-process, on a thread) and return the error that stopped it."""
+    learner = Learner(SETTINGS, SPEC)
+    ours, theirs = LocalTransport.pair("test", "stage1", limits=LIMITS, timeout=5)
+    failure = []
+
+    def serve():
+        try:
+            stage1_loop(learner, learner_exchange(learner), theirs)
+        except Exception as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    for kind, tensors, header in messages:
+        ours.send(kind, tensors, header)
+    thread.join(30)
+    assert not thread.is_alive() and failure, "stage1 accepted every message"
+    return failure[0]
 
 
 @pytest.mark.parametrize(
-    "msg, expected",
+    "messages, expected",
     [
-        (_msg("step", {"t": 1}, features=torch.zeros(2, 4096)), "expected t=0"),
-        (_msg("step", {"t": 0}, features=torch.zeros(3, 4096)), "expected torch.float32 \\[2, 4096\\]"),
-        (_msg("step", {"t": 0}, features=torch.zeros(2, 4096, dtype=torch.float16)), "features"),
-        (_msg("step", {"t": 0}), "tensor 'features'.*missing"),
-        (_msg("train_fwd", {"epoch": 0, "mb": 0}, features=torch.zeros(4, 4096)), "expected minibatch"),
-        (_msg("rollout_end", {}, features=torch.zeros(2, 4096)), "expected after 4 steps"),
-        (_msg("iter_end", {"iteration": 7}), "expected iteration 1"),
-        (_msg("hello", {}), "expected one of"),
+        ([_step(1)], "step: expected t=0, got t=1"),
+        ([_msg("step", {"t": 0}, features=torch.zeros(3, 4096))], "expected torch.float32 \\[2, 4096\\]"),
+        ([_msg("step", {"t": 0}, features=torch.zeros(2, 4096, dtype=torch.float16))], "features"),
+        ([_msg("step", {"t": 0})], "tensor 'features'.*missing"),
+        ([_msg("train_fwd", {"epoch": 0, "mb": 0}, features=torch.zeros(4, 4096))], "expected 'step'.*got 'train_fwd'"),
+        (ROLLOUT + TRAINING[1:], "train_fwd: expected epoch=0, mb=0, got epoch=0, mb=1"),
+        ([_msg("rollout_end", {}, features=torch.zeros(2, 4096))], "expected 'step'.*got 'rollout_end'"),
+        (ROLLOUT[:2] + ROLLOUT[-1:], "expected 'step' \\(t=2\\).*got 'rollout_end'"),
+        (ROLLOUT + TRAINING + [_msg("iter_end", {"iteration": 7})], "iter_end: expected iteration=1, got iteration=7"),
+        ([_msg("hello", {})], "expected 'step'.*got 'hello'"),
+        ([_step(0), _step(1, truncated=torch.ones(2, dtype=torch.bool), final_features=torch.zeros(1, 4096),
+                           final_index=torch.tensor([5]))], "final_index"),
     ],
+    ids=["step-order", "feature-shape", "feature-dtype", "no-features", "train-before-rollout", "minibatch-order",
+         "rollout-end-first", "rollout-end-early", "iteration", "hello-again", "bad-outcome"],
 )
-def test_stage1_rejects_out_of_protocol_messages(stage1, msg, expected):
-    with pytest.raises(ProtocolError, match=expected):
-        list(stage1.handle(msg))
-
-
-def test_stage1_rejects_bad_outcome_after_a_good_step(stage1):
-    list(stage1.handle(_msg("step", {"t": 0}, features=torch.zeros(2, 4096))))
-    bad = _msg("step", {"t": 1}, features=torch.zeros(2, 4096), reward=torch.zeros(2),
-               terminated=torch.zeros(2, dtype=torch.bool), truncated=torch.ones(2, dtype=torch.bool),
-               final_features=torch.zeros(1, 4096), final_index=torch.tensor([5]))
-    with pytest.raises(ProtocolError, match="final_index"):
-        list(stage1.handle(bad))
+def test_stage1_refuses_out_of_protocol_messages(messages, expected):
+    error = stage1_refuses(messages)
+    assert isinstance(error, ProtocolError)
+    assert re.search(expected, str(error)), str(error)

@@ -37,22 +37,3 @@ def test_interrupting_the_launcher_stops_both_stages(tmp_path, spawn, sig):
     assert "stopping both stages" in out
     assert "stage0 stopped" in out or "interrupted" in out
     assert not _leftovers(str(run_dir))
-
-
-def test_curve_prints_one_row_per_iteration(tmp_path):
-    from splitrl.stages.curve import curve_table
-
-    run = tmp_path / "run"
-    run.mkdir()
-    rows = [
-        {"iteration": 1, "global_step": 4096, "charts/episodic_return_ema": -40.0, "charts/episodic_return": -41.5,
-         "charts/episodes": 4, "charts/SPS": 50.0, "net_total/step/sent_bytes": 2_000_000,
-         "net_total/action/recv_bytes": 1_000_000},
-        {"iteration": 2, "global_step": 8192, "charts/episodic_return_ema": None, "charts/episodic_return": None,
-         "charts/episodes": 0, "charts/SPS": 60.0, "net_total/step/sent_bytes": 4_000_000,
-         "net_total/action/recv_bytes": 2_000_000},
-    ]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    lines = curve_table(run).splitlines()
-    assert lines[2] == "| 1 | 4096 | -40.0 | -41.5 | 4 | 50.0 | 3 |"
-    assert lines[3] == "| 2 | 8192 | - | - | 0 | 60.0 | 6 |"

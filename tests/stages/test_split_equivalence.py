@@ -60,9 +60,9 @@ def _metrics(run_dir):
 # that stage0's ReLU lets through; frames rebuild the pixel stacks exactly.
 LOSSLESS = ["--codec-rollout", "relu+zstd", "--codec-fwd", "relu", "--codec-bwd", "ef:density=1,values=fp32"]
 # Lossy, so only split against twin: the heads' replica and its updates are the same on both.
-REPLICA = ["--codec-rollout", "int8", "--codec-fwd", "replica", "--codec-bwd", "replica"]
+REPLICA = ["--codec-rollout", "int8", "--exchange", "replica"]
 # With updates during training too (TINY: 4 minibatches an iteration: small, small, all, none).
-REPLICA_SYNC = ["--codec-rollout", "int8", "--codec-fwd", "replica:last_every=1,all_every=3", "--codec-bwd", "replica"]
+REPLICA_SYNC = ["--codec-rollout", "int8", "--exchange", "replica:last_every=1,all_every=3"]
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import pytest
 import torch
 
+from splitrl.launch import free_port
 from splitrl.transport import (
     PeerGone,
     ProtocolError,
@@ -42,12 +43,6 @@ def framed(frames: list[Any]) -> bytes:
 def host_port(endpoint: str) -> tuple[str, int]:
     host, port = endpoint[len("tcp://") :].rsplit(":", 1)
     return host, int(port)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from splitrl.transport.torch_rpc import TorchRpcTransport, free_port
+from splitrl.launch import free_port
+from splitrl.transport.torch_rpc import TorchRpcTransport
 
 T = 20.0
 

@@ -2,45 +2,13 @@
 
 import json
 
-import click
 import pytest
 from click.testing import CliRunner
 
-from splitrl.bench.lab_bench import auto_measure_bytes, lab_bench_table, summarize_run
-from splitrl.bench.lab_cli import register
+from splitrl.bench.lab_bench import _with_speedups, auto_measure_bytes, lab_bench_table
+from splitrl.cli.bench import bench
 
-from .test_lab import _ip_netns_list, _netns_usable
-
-
-@pytest.fixture
-def cli():
-    @click.group()
-    def bench():
-        pass
-
-    register(bench)
-    return bench
-
-
-def _write_metrics(run_dir, records):
-    run_dir.mkdir(parents=True)
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-
-
-def test_summary_leaves_out_the_first_iteration_and_counts_only_byte_keys(tmp_path):
-    _write_metrics(tmp_path / "run", [
-        {"iteration": 1, "time/iteration": 50.0, "net/fwd/sent_bytes": 900, "net/fwd/sent_messages": 7},
-        {"iteration": 2, "time/iteration": 10.0, "net/fwd/sent_bytes": 600, "net/bwd/recv_bytes": 400,
-         "net_total/fwd/sent_bytes": 1500, "net/fwd/sent_messages": 7, "time/link_wait": 2.0},
-        {"iteration": 3, "time/iteration": 14.0, "net/fwd/sent_bytes": 800, "net/bwd/recv_bytes": 200},
-    ])
-    s = summarize_run(tmp_path / "run")
-    assert s["iterations"] == 3 and s["iterations_used"] == 2
-    assert s["seconds_per_iteration"] == 12.0
-    assert s["bytes_per_iteration"] == 1000.0
-    assert s["link_wait_per_iteration"] == 1.0
-    _write_metrics(tmp_path / "one", [{"iteration": 1, "time/iteration": 7.0, "net/fwd/sent_bytes": 5}])
-    assert summarize_run(tmp_path / "one")["seconds_per_iteration"] == 7.0  # a single iteration is all there is
+from ..netem.support import ip_netns_list, netns_usable
 
 
 def test_table_has_one_row_per_rate_and_config_with_speedups():
@@ -49,8 +17,6 @@ def test_table_has_one_row_per_rate_and_config_with_speedups():
                 "config": config, "seconds_per_iteration": spi, "bytes_per_iteration": nbytes,
                 "codec_args": [] if config == "fp32" else ["--codec-bwd", "ef:density=0.02,values=int8"],
                 "ppo_args": ["--num-steps", "512"], "iterations": 2, "iterations_used": 1}
-
-    from splitrl.bench.lab_bench import _with_speedups
 
     rows = _with_speedups([row("5mbit", 5_000_000, "fp32", 60.0, 35e6), row("5mbit", 5_000_000, "codecs", 20.0, 2e6)])
     table = lab_bench_table(rows)
@@ -68,20 +34,20 @@ def test_throughput_payload_follows_the_rate_within_bounds():
     assert auto_measure_bytes(100_000) == 4 * mib
 
 
-def test_bad_rate_is_refused_before_any_lab(cli):
-    result = CliRunner().invoke(cli, ["lab", "--rates", "20mbit,fast"])
+def test_bad_rate_is_refused_before_any_lab():
+    result = CliRunner().invoke(bench, ["lab", "--rates", "20mbit,fast"])
     assert result.exit_code == 2 and "fast" in result.output
 
 
 # -- root and ip netns ---------------------------------------------------------------------------
 
 
-def test_quick_run_in_the_lab(cli, tmp_path):
-    why_not = _netns_usable()
+def test_quick_run_in_the_lab(tmp_path):
+    why_not = netns_usable()
     if why_not is not None:
         pytest.skip(f"lab bench: {why_not}")
     json_path = tmp_path / "rows.json"
-    result = CliRunner().invoke(cli, ["lab", "--quick", "--out", str(tmp_path / "runs"), "--json", str(json_path)])
+    result = CliRunner().invoke(bench, ["lab", "--quick", "--out", str(tmp_path / "runs"), "--json", str(json_path)])
     assert result.exit_code == 0, result.output
     rows = json.loads(json_path.read_text())
     assert [(r["rate"], r["config"]) for r in rows] == [("20mbit", "fp32"), ("20mbit", "codecs")]
@@ -94,4 +60,4 @@ def test_quick_run_in_the_lab(cli, tmp_path):
     assert "| 20 Mbit/s |" in table and "| fp32 |" in table and "| codecs |" in table
     for r in rows:
         assert (tmp_path / "runs" / f"20mbit-{r['config']}" / "stage0.log").exists()
-    assert not [ns for ns in _ip_netns_list() if ns.startswith("splitrl-")]
+    assert not [ns for ns in ip_netns_list() if ns.startswith("splitrl-")]

@@ -1,4 +1,5 @@
-"""``splitrl report``: the paper's two figures and a table of final numbers for any set of runs.
+"""Figures and tables from run directories: ``splitrl report`` (the paper's two figures and a table of final
+numbers for any set of runs) and ``splitrl curve`` (one run's learning curve).
 
 Figures (PNG, matplotlib): the EMA(0.9) episodic return against env steps, with a
 dashed line where a run's warm start ends, and the cumulative bytes on the link
@@ -16,11 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .bench.learning_bench import run_settings, summarise_run
-from .runs import link_bytes, read_metrics
+from ..runs import link_bytes, read_metrics, run_settings, summarise_run
 
 __all__ = ["RunSeries", "load_run", "pyplot", "return_figure", "bytes_figure", "report_table", "write_tensorboard",
-           "make_report"]
+           "make_report", "curve_table"]
 
 _EXTRA_HINT = "install the report extra: pip install -c constraints.txt -e '.[report]'"
 
@@ -54,7 +54,7 @@ class RunSeries:
 
 def _warm_start(settings: dict[str, Any]) -> int | None:
     """The largest ``warm`` of the run's codecs, if any is set (the paper's 30,000 env steps)."""
-    from .codecs import parse_codec
+    from ..codecs import parse_codec
 
     warm = 0
     for stream, spec in (settings.get("codecs") or {}).items():
@@ -197,3 +197,23 @@ def make_report(run_dirs: Sequence[str | Path], out_dir: str | Path, tensorboard
     if tensorboard:
         paths["tensorboard"] = write_tensorboard(runs, out / "tensorboard")
     return paths
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def curve_table(run_dir: str | Path) -> str:
+    """Per iteration: steps, EMA(0.9) return, mean return of its episodes, steps/s, MB on the link."""
+    rows = read_metrics(run_dir)
+    lines = [
+        "| iteration | global_step | EMA(0.9) return | mean return | episodes | steps/s | MB on the link (cumulative) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['iteration']} | {r['global_step']} | {_fmt(r.get('charts/episodic_return_ema'), '.1f')} "
+            f"| {_fmt(r.get('charts/episodic_return'), '.1f')} | {r.get('charts/episodes', 0)} "
+            f"| {r['charts/SPS']:.1f} | {link_bytes(r) / 1e6:.0f} |"
+        )
+    return "\n".join(lines)

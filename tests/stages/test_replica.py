@@ -1,14 +1,18 @@
-"""The replica codec: the heads' outputs stand in for the features, exactly when the replica is current."""
+"""The replica exchange: the heads' outputs stand in for the features, exactly when the replica is current."""
 
 import copy
 
 import pytest
 import torch
 
-from splitrl.codecs import CodecError, CodecSet, Context, HeadsSync
+from splitrl.codecs import CodecError, Context
+from splitrl.envs import EnvSpec
 from splitrl.models import build_agent
 from splitrl.ppo import ppo_loss
-from splitrl.settings import CodecSettings
+from splitrl.settings import CodecSettings, EnvSettings, Exchange, PPOSettings, TrainSettings
+from splitrl.stages import Edge, Learner, ReplicaEdge, ReplicaLearner
+from splitrl.stages.replica import FIRST_LAYERS, HeadsSync, due, replicated
+from splitrl.transport.wire import Message
 
 OBS = (4, 96, 96)
 
@@ -20,9 +24,18 @@ def _batch(n, seed=0):
 
 
 def _loss(heads, x, actions, extra, offset=None):
+    """The PPO loss with the heads' outputs on ``x``, shifted by ``offset`` as `ReplicaLearner` does."""
     old_logprob, adv, old_values, returns = extra
-    _, logprob, entropy, value = heads.get_action_and_value(x, actions, offset=offset)
+    mean, value = heads.outputs(x)
+    if offset is not None:
+        mean, value = mean + offset[:, :-1], value + offset[:, -1]
+    _, logprob, entropy, value = heads.evaluate(mean, value, actions)
     return ppo_loss(logprob, old_logprob, adv, value, old_values, returns, entropy)[0]
+
+
+def _outputs(heads, x):
+    mean, value = heads.outputs(x)
+    return torch.cat([mean, value[:, None]], dim=1)
 
 
 def test_with_a_current_replica_the_encoder_gets_the_exact_gradient():
@@ -42,8 +55,8 @@ def test_with_a_current_replica_the_encoder_gets_the_exact_gradient():
 
     # Replica: stage0 sends o(f) - o(view); stage1 adds it to its heads' outputs on the view.
     rep_net, replica = copy.deepcopy(net_now), copy.deepcopy(heads).requires_grad_(False)
-    outputs = replica.outputs(rep_net(obs))
-    offset = (outputs.detach() - replica.outputs(view)).requires_grad_()
+    outputs = _outputs(replica, rep_net(obs))
+    offset = (outputs.detach() - _outputs(replica, view)).requires_grad_()
     loss = _loss(heads, view, actions, extra, offset)
     loss.backward()
     torch.autograd.backward(outputs, offset.grad)
@@ -57,17 +70,21 @@ def test_with_a_current_replica_the_encoder_gets_the_exact_gradient():
 def test_the_offset_is_the_gradient_of_the_outputs():
     _, heads = build_agent(OBS, 3, "cnn", seed=4)
     x = torch.rand(5, heads.critic[0].in_features)
+
+    def evaluate(offset, action):
+        mean, value = heads.outputs(x)
+        return heads.evaluate(mean + offset[:, :-1], value + offset[:, -1], action)
+
     offset = torch.zeros(5, 4, requires_grad=True)
-    _, logprob, _, value = heads.get_action_and_value(x, torch.randn(5, 3), offset=offset)
+    _, logprob, _, value = evaluate(offset, torch.randn(5, 3))
     (logprob.sum() + 2 * value.sum()).backward()
     assert torch.equal(offset.grad[:, 3], torch.full((5,), 2.0))
     _, plain_logprob, _, plain_value = heads.get_action_and_value(x, torch.zeros(5, 3))
-    _, shifted_logprob, _, shifted_value = heads.get_action_and_value(
-        x, torch.zeros(5, 3), offset=torch.tensor([[0.0, 0.0, 0.0, 1.5]] * 5))
+    _, shifted_logprob, _, shifted_value = evaluate(torch.tensor([[0.0, 0.0, 0.0, 1.5]] * 5), torch.zeros(5, 3))
     assert torch.equal(shifted_logprob, plain_logprob) and torch.equal(shifted_value, plain_value + 1.5)
     # The first columns shift the actor's mean: as if its last bias had moved.
     shift = torch.tensor([0.3, -0.2, 0.1])
-    _, by_offset, _, _ = heads.get_action_and_value(x, torch.zeros(5, 3), offset=torch.cat([shift, torch.zeros(1)]).expand(5, 4))
+    _, by_offset, _, _ = evaluate(torch.cat([shift, torch.zeros(1)]).expand(5, 4), torch.zeros(5, 3))
     with torch.no_grad():
         heads.actor_mean[2].bias.add_(shift)
     _, by_bias, _, _ = heads.get_action_and_value(x, torch.zeros(5, 3))
@@ -77,18 +94,18 @@ def test_the_offset_is_the_gradient_of_the_outputs():
 @pytest.mark.parametrize("mode", ["int8", "bf16", "fp32"])
 def test_heads_sync_keeps_both_views_identical_and_its_error_does_not_pile_up(mode):
     _, heads = build_agent(OBS, 3, "cnn", seed=5)
-    sender, receiver = HeadsSync(heads.replicated(), mode), HeadsSync(heads.replicated(), mode)
+    sender, receiver = HeadsSync(replicated(heads), mode), HeadsSync(replicated(heads), mode)
     g = torch.Generator().manual_seed(0)
     worst = []
     for _ in range(5):
         with torch.no_grad():
-            for _, p in heads.replicated():
+            for _, p in replicated(heads):
                 p.add_(1e-3 * torch.randn(p.shape, generator=g))
-        parts = sender.encode(heads.replicated())
+        parts = sender.encode(replicated(heads))
         view = receiver.decode(parts)
-        for name, p in heads.replicated():
+        for name, p in replicated(heads):
             assert torch.equal(view[name], sender.view[name]), name
-        worst.append(max(float((view[n] - p.detach()).abs().max()) for n, p in heads.replicated()))
+        worst.append(max(float((view[n] - p.detach()).abs().max()) for n, p in replicated(heads)))
     if mode == "fp32":
         assert max(worst) < 1e-6
     else:
@@ -96,14 +113,14 @@ def test_heads_sync_keeps_both_views_identical_and_its_error_does_not_pile_up(mo
         # error (half a step of a row whose largest change is ~5e-3), instead of growing.
         assert max(worst) < 3e-5 and worst[-1] < 2 * worst[0]
     nbytes = sum(t.numel() * t.element_size() for t in parts.values())
-    weights = sum(p.numel() for _, p in heads.replicated())
+    weights = sum(p.numel() for _, p in replicated(heads))
     assert nbytes < weights * {"int8": 1.01, "bf16": 2.01, "fp32": 4.01}[mode]
 
 
 def test_heads_sync_refuses_a_bad_update_and_keeps_its_view():
     _, heads = build_agent(OBS, 3, "cnn", seed=6)
-    sender, receiver = HeadsSync(heads.replicated()), HeadsSync(heads.replicated())
-    parts = sender.encode(heads.replicated())
+    sender, receiver = HeadsSync(replicated(heads)), HeadsSync(replicated(heads))
+    parts = sender.encode(replicated(heads))
     before = {k: v.clone() for k, v in receiver.view.items()}
     name = next(iter(receiver.view))
     bad = [
@@ -119,42 +136,35 @@ def test_heads_sync_refuses_a_bad_update_and_keeps_its_view():
             receiver.decode(update)
         assert all(torch.equal(receiver.view[k], before[k]) for k in before)
     with pytest.raises(ValueError, match="mode"):
-        HeadsSync(heads.replicated(), "int4")
+        HeadsSync(replicated(heads), "int4")
 
 
 def test_midway_updates_follow_the_schedule_both_stages_compute():
-    from splitrl.codecs import parse_codec
-    from splitrl.codecs.replica import FIRST_LAYERS
-
     _, heads = build_agent(OBS, 3, "cnn", seed=7)
-    names = [n for n, _ in heads.replicated()]
+    names = [n for n, _ in replicated(heads)]
     assert set(FIRST_LAYERS) <= set(names)  # a renamed layer must not silently join the small updates
     rest = [n for n in names if n not in FIRST_LAYERS]
-    codec = parse_codec("replica:last_every=2,all_every=6", "fwd")
-    plan = {(e, m): codec.due(e, m, 3, 4, names) for e in range(3) for m in range(4)}
+    exchange = Exchange.parse("replica:last_every=2,all_every=6")
+    plan = {(e, m): due(exchange, e, m, 3, 4, names) for e in range(3) for m in range(4)}
     # minibatches done: 2, 4, 8, 10 -> the small update; 6 -> all; 12 (the last) -> none
     assert [k for k, v in plan.items() if v == rest] == [(0, 1), (0, 3), (1, 3), (2, 1)]
     assert [k for k, v in plan.items() if v == names] == [(1, 1)]
     assert sum(map(bool, plan.values())) == 5
-    assert not any(parse_codec("replica", "fwd").due(e, m, 3, 4, names) for e in range(3) for m in range(4))
+    assert not any(due(Exchange.parse("replica"), e, m, 3, 4, names) for e in range(3) for m in range(4))
     for bad in ("replica:last_every=-1", "replica:all_every=-2"):
-        assert any(">= 0" in e for e in CodecSettings(codec_fwd=bad, codec_bwd="replica").errors("cnn"))
-    # The fwd spec's parameters count: on the bwd spec alone they are an error, not ignored.
-    assert any("read from --codec-fwd" in e for e in
-               CodecSettings(codec_fwd="replica", codec_bwd="replica:last_every=1").errors("cnn"))
-    assert CodecSettings(codec_fwd="replica:all_every=4", codec_bwd="replica:all_every=4").errors("cnn") == []
+        assert any(">= 0" in e for e in CodecSettings(exchange=bad).errors("cnn"))
+    assert any("unknown parameter" in e for e in CodecSettings(exchange="replica:every=1").errors("cnn"))
+    assert CodecSettings(exchange="replica:all_every=4").errors("cnn") == []
 
 
 def test_a_partial_heads_update_moves_only_the_weights_it_names():
-    from splitrl.codecs.replica import FIRST_LAYERS
-
     _, heads = build_agent(OBS, 3, "cnn", seed=8)
-    sender, receiver = HeadsSync(heads.replicated()), HeadsSync(heads.replicated())
+    sender, receiver = HeadsSync(replicated(heads)), HeadsSync(replicated(heads))
     with torch.no_grad():
-        for _, p in heads.replicated():
+        for _, p in replicated(heads):
             p.add_(1e-3)
     rest = [n for n in sender.view if n not in FIRST_LAYERS]
-    parts = sender.encode(heads.replicated(), rest)
+    parts = sender.encode(replicated(heads), rest)
     assert not any(k.startswith(FIRST_LAYERS) for k in parts)
     before = {k: v.clone() for k, v in receiver.view.items()}
     for update, names in ((parts, list(sender.view)), ({**parts, "critic.0.weight.q": torch.zeros(1, dtype=torch.int8)}, rest)):
@@ -162,11 +172,11 @@ def test_a_partial_heads_update_moves_only_the_weights_it_names():
             receiver.decode(update, names)
         assert all(torch.equal(receiver.view[k], before[k]) for k in before)
     view = receiver.decode(parts, rest)
-    for name, p in heads.replicated():
+    for name, p in replicated(heads):
         assert torch.equal(view[name], sender.view[name]), name
         assert torch.equal(view[name], before[name]) == (name in FIRST_LAYERS), name
     with pytest.raises(ValueError, match="no weights named"):
-        sender.encode(heads.replicated(), ["critic.9.weight"])
+        sender.encode(replicated(heads), ["critic.9.weight"])
 
 
 def test_a_replica_synced_every_minibatch_trains_the_encoder_as_float32_does(tmp_path):
@@ -179,8 +189,8 @@ def test_a_replica_synced_every_minibatch_trains_the_encoder_as_float32_does(tmp
     from ..conftest import TINY, child_env, splitrl_cmd
 
     args = TINY + ["--epochs", "2", "--minibatches", "1"]
-    runs = {"fp32": [], "synced": ["--codec-fwd", "replica:sync=fp32,all_every=1", "--codec-bwd", "replica"],
-            "stale": ["--codec-fwd", "replica:sync=fp32", "--codec-bwd", "replica"]}
+    runs = {"fp32": [], "synced": ["--exchange", "replica:sync=fp32,all_every=1"],
+            "stale": ["--exchange", "replica:sync=fp32"]}
     for name, codecs in runs.items():
         done = subprocess.run(splitrl_cmd("train", "--run-dir", str(tmp_path / name), *args, *codecs),
                               env=child_env(), capture_output=True, text=True, timeout=240)
@@ -197,34 +207,42 @@ def test_a_replica_synced_every_minibatch_trains_the_encoder_as_float32_does(tmp
     assert off("stale") > 1e-3  # the test can tell a stale replica from a current one
 
 
-def test_replica_keeps_the_rollout_view_and_checks_what_arrives():
-    tx, rx = CodecSet("int8", "replica", "replica"), CodecSet("int8", "replica", "replica")
-    feats = torch.relu(torch.randn(6, 32))
+SPEC = EnvSpec(obs_shape=OBS, action_dim=3, action_low=(-1.0, 0.0, 0.0), action_high=(1.0, 1.0, 1.0))
+
+
+def test_both_halves_keep_the_same_rollout_view_and_check_what_arrives():
+    settings = TrainSettings(env=EnvSettings(num_envs=2), ppo=PPOSettings(num_steps=4, epochs=1, minibatches=2),
+                             codecs=CodecSettings(codec_rollout="int8", exchange="replica"))
+    edge, learner = Edge(settings, SPEC), Learner(settings, SPEC)
+    sender, receiver = ReplicaEdge(edge), ReplicaLearner(learner)
+    feats = torch.relu(torch.randn(6, 4096))
     idx = torch.arange(6)
     tensors, header = {}, {}
-    tx.pack("rollout", "features", feats, Context(idx=idx), tensors, header)
-    rx.unpack("rollout", "features", tensors, header, Context(idx=idx), (6, 32), torch.float32)
-    assert torch.equal(tx.replica.view_rows(idx, 32), rx.replica.view_rows(idx, 32))
-    out = {}
-    tx.pack("fwd", "outputs", torch.randn(6, 4), Context(idx=idx), out, {})
-    assert list(out) == ["outputs"] and out["outputs"].dtype == torch.float32
-    with pytest.raises(CodecError):
-        rx.unpack("fwd", "outputs", {"outputs": torch.randn(6, 5)}, {}, Context(idx=idx), (6, 4), torch.float32)
-    with pytest.raises(CodecError):
-        rx.unpack("fwd", "outputs", {"outputs": torch.full((6, 4), float("inf"))}, {}, Context(idx=idx), (6, 4),
-                  torch.float32)
+    edge.codecs.pack("rollout", "features", feats, Context(idx=idx), tensors, header)
+    learner.codecs.unpack("rollout", "features", tensors, header, Context(idx=idx), (6, 4096), torch.float32)
+    assert torch.equal(sender.view.rows(idx, (6, 4096)), receiver.view.rows(idx, (6, 4096)))
+    sender.view_outputs = None  # no heads update yet: outputs on the view per minibatch
+    sent, (out, _) = sender.send(receiver.view.rows(idx, (6, 4096)), idx)  # features as the rollout left them
+    assert list(out) == ["outputs"] and out["outputs"].dtype == torch.float32 and out["outputs"].shape == (6, 4)
+    assert torch.count_nonzero(out["outputs"]) == 0  # so the heads' outputs did not change either
+    for bad in (torch.randn(6, 5), torch.full((6, 4), float("inf"))):
+        with pytest.raises(CodecError):
+            receiver.learn(Message("train_fwd", {}, {"outputs": bad}), idx)
     with pytest.raises(CodecError, match="no cached rollout features"):
-        rx.replica.view_rows(torch.arange(4, 10), 32)
+        receiver.view.rows(torch.arange(4, 10), (6, 4096))
 
 
-def test_replica_settings_go_together_and_need_the_cnn_cut():
-    assert CodecSettings(codec_fwd="replica", codec_bwd="replica").errors("cnn") == []
-    assert CodecSettings(codec_fwd="replica:sync=bf16", codec_bwd="replica:values=bf16").errors("cnn") == []
-    assert any("go together" in e for e in CodecSettings(codec_fwd="replica").errors("cnn"))
-    assert any("go together" in e for e in CodecSettings(codec_bwd="replica").errors("cnn"))
-    assert any("+zstd" in e for e in CodecSettings(codec_fwd="replica+zstd", codec_bwd="replica").errors("cnn"))
-    assert CodecSettings(codec_fwd="replica", codec_bwd="replica").errors("input")
-    assert any("cannot carry" in e for e in CodecSettings(codec_rollout="replica").errors("cnn"))
+def test_replica_settings_name_the_exchange_and_need_the_cnn_cut():
+    assert CodecSettings(exchange="replica").errors("cnn") == []
+    assert CodecSettings(exchange="replica:sync=bf16", codec_fwd="bf16", codec_bwd="bf16").errors("cnn") == []
+    # replica was a codec once: the old spelling is refused with the new one in the message
+    for old in (CodecSettings(codec_fwd="replica"), CodecSettings(codec_bwd="replica:values=bf16")):
+        assert any("use --exchange replica" in e for e in old.errors("cnn"))
+    assert any("4 values a sample" in e for e in CodecSettings(exchange="replica", codec_fwd="relu").errors("cnn"))
+    assert any("4 values a sample" in e for e in CodecSettings(exchange="replica", codec_bwd="bf16+zstd").errors("cnn"))
+    assert CodecSettings(exchange="replica").errors("input")
+    assert any("unknown exchange" in e for e in CodecSettings(exchange="copy").errors("cnn"))
+    assert any("sync must be" in e for e in CodecSettings(exchange="replica:sync=int4").errors("cnn"))
 
 
 def test_with_still_heads_a_replica_run_trains_the_encoder_as_float32_does(tmp_path):
@@ -235,7 +253,7 @@ def test_with_still_heads_a_replica_run_trains_the_encoder_as_float32_does(tmp_p
     from ..conftest import TINY, child_env, splitrl_cmd
 
     args = TINY + ["--lr-heads", "1e-12", "--epochs", "3"]
-    runs = {"fp32": [], "replica": ["--codec-fwd", "replica:sync=fp32", "--codec-bwd", "replica"]}
+    runs = {"fp32": [], "replica": ["--exchange", "replica:sync=fp32"]}
     for name, codecs in runs.items():
         done = subprocess.run(splitrl_cmd("train", "--run-dir", str(tmp_path / name), *args, *codecs),
                               env=child_env(), capture_output=True, text=True, timeout=240)

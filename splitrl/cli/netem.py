@@ -1,21 +1,17 @@
-"""Click commands: ``splitrl netem apply|clear|show`` and ``splitrl lab``.
+"""Shaping commands: ``splitrl netem apply|clear|show`` and ``splitrl lab`` (the two-namespace lab).
 
-They are attached to the main group by `register(main)` (called at the end of
-splitrl/cli.py) rather than defined there, so the shaping code stays in one
-package. ``lab`` takes every training option through `splitrl.cli.training_options`;
-it is imported inside `register` because splitrl/cli.py imports this module.
+Neither imports torch: ``lab`` starts the stages as processes.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
+import shlex
 import sys
-from typing import Any, Callable, NoReturn
+from typing import Callable
 
 import click
 
-from .tc import (
+from ..netem.tc import (
     ShapingError,
     Shaping,
     apply_shaping,
@@ -25,15 +21,13 @@ from .tc import (
     plan_shaping,
     show_shaping,
 )
+from ..settings import RunOptions, TrainSettings
+from .errors import fail
+from .options import stage_argv, training_options
 
-__all__ = ["register", "netem"]
+__all__ = ["netem", "lab"]
 
 _MIB = 1024 * 1024
-
-
-def _fail(exc: BaseException) -> NoReturn:
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(1)
 
 
 def _shaping(rate: str | None, delay: str | None, jitter: str | None, loss: str | None, limit: int | None) -> Shaping:
@@ -98,7 +92,7 @@ def netem_apply(dev: str, rate: str | None, delay: str | None, jitter: str | Non
     try:
         applied = apply_shaping(plan, allow_partial=allow_partial)
     except ShapingError as exc:
-        _fail(exc)
+        fail(exc)
     click.echo(f"shaped {applied.summary()}")
     for note in applied.notes:
         click.echo(f"note: {note}", err=True)
@@ -113,14 +107,12 @@ def netem_apply(dev: str, rate: str | None, delay: str | None, jitter: str | Non
 def netem_clear(dev: str, dry_run: bool, netns: str | None) -> None:
     """Remove the netem or tbf root qdisc from IF (the kernel's default comes back)."""
     if dry_run:
-        import shlex
-
         click.echo(shlex.join(clear_command(dev, netns)))
         return
     try:
         click.echo(clear_shaping(dev, netns))
     except ShapingError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @netem.command("show")
@@ -131,70 +123,56 @@ def netem_show(dev: str, netns: str | None) -> None:
     try:
         click.echo(show_shaping(dev, netns))
     except ShapingError as exc:
-        _fail(exc)
+        fail(exc)
 
 
-def _lab_command() -> click.Command:
-    from ..cli import training_options  # splitrl.cli imports this module: import at call time
+@click.command("lab")
+@_shaping_options(rate_default="20mbit")
+@click.option("--measure", "measure_mib", type=click.FloatRange(min=0), default=8.0, show_default=True,
+              help="MiB sent stage0 -> stage1 in 1 MiB messages to measure the throughput before training (0: skip)")
+@click.option("--port", type=click.IntRange(1, 65534), default=5555, show_default=True,
+              help="stage1's port inside its namespace (uses PORT and PORT+1)")
+@click.option("--dry-run", is_flag=True, help="print every command the lab would run, change nothing")
+@click.option("--clean", is_flag=True,
+              help="only remove namespaces left behind by killed labs (splitrl-s0-*, splitrl-s1-*), then exit; "
+                   "not while another lab runs")
+@training_options
+def lab(settings: TrainSettings, options: RunOptions, rate: str, delay: str | None, jitter: str | None,
+        loss: str | None, limit: int | None, allow_partial: bool, measure_mib: float, port: int, dry_run: bool,
+        clean: bool) -> None:
+    """Split training between two network namespaces joined by a shaped veth pair.
 
-    @click.command("lab")
-    @_shaping_options(rate_default="20mbit")
-    @click.option("--measure", "measure_mib", type=click.FloatRange(min=0), default=8.0, show_default=True,
-                  help="MiB sent stage0 -> stage1 in 1 MiB messages to measure the throughput before training (0: skip)")
-    @click.option("--port", type=click.IntRange(1, 65534), default=5555, show_default=True,
-                  help="stage1's port inside its namespace (uses PORT and PORT+1)")
-    @click.option("--dry-run", is_flag=True, help="print every command the lab would run, change nothing")
-    @click.option("--clean", is_flag=True,
-                  help="only remove namespaces left behind by killed labs (splitrl-s0-*, splitrl-s1-*), then exit; "
-                       "not while another lab runs")
-    @training_options
-    def lab(settings: Any, options: Any, rate: str, delay: str | None, jitter: str | None, loss: str | None,
-            limit: int | None, allow_partial: bool, measure_mib: float, port: int, dry_run: bool, clean: bool) -> None:
-        """Split training between two network namespaces joined by a shaped veth pair.
+    stage1 runs in one namespace, stage0 in the other, with the given training
+    settings; the link is shaped alike in both directions. Prints the achieved
+    throughput and each side's application bytes beside the kernel's interface
+    counters. Everything is removed on exit (normal end, failure or Ctrl-C).
+    Needs root.
+    """
+    from ..bench.lab import format_report, run_lab, stage_commands
+    from ..netem.netns import LabNames, delete_namespace, format_lab_plan, lab_namespaces
 
-        stage1 runs in one namespace, stage0 in the other, with the given training
-        settings; the link is shaped alike in both directions. Prints the achieved
-        throughput and each side's application bytes beside the kernel's interface
-        counters. Everything is removed on exit (normal end, failure or Ctrl-C).
-        Needs root.
-        """
-        _run_lab_command(settings, options, _shaping(rate, delay, jitter, loss, limit), allow_partial,
-                         int(measure_mib * _MIB), port, dry_run, clean)
-
-    return lab
-
-
-def _run_lab_command(settings: Any, options: Any, shaping: Shaping, allow_partial: bool, measure_bytes: int,
-                     port: int, dry_run: bool, clean: bool) -> None:
-    from ..runs import default_run_dir
-    from .lab import LabNames, format_lab_plan, format_report, lab_namespaces, run_lab, stage_commands
-    from .tc import run_command
-
+    shaping = _shaping(rate, delay, jitter, loss, limit)
     if clean:
         try:
             for ns in lab_namespaces():
-                for pid in run_command(["ip", "netns", "pids", ns]).split():
-                    os.kill(int(pid), 9)
-                run_command(["ip", "netns", "delete", ns])
+                delete_namespace(ns)
                 click.echo(f"removed {ns}")
         except (ShapingError, OSError) as exc:
-            _fail(exc)
+            fail(exc)
         return
     try:
-        settings.validate(options)
+        stage_args, run_dir = stage_argv(settings, options, absolute=True)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    run_dir = os.path.abspath(options.run_dir or default_run_dir(settings.env.env_id))
-    stage_args = settings.to_argv() + dataclasses.replace(options, run_dir=run_dir).to_argv()
     names = LabNames.random()
     if dry_run:
         click.echo(format_lab_plan(names, shaping, stage_commands(stage_args, port)))
         return
     try:
-        result = run_lab(stage_args, run_dir, shaping, allow_partial=allow_partial, measure_bytes=measure_bytes,
+        result = run_lab(stage_args, run_dir, shaping, allow_partial=allow_partial, measure_bytes=int(measure_mib * _MIB),
                          port=port, names=names, echo=click.echo)
     except (ShapingError, RuntimeError) as exc:
-        _fail(exc)
+        fail(exc)
     except KeyboardInterrupt:
         click.echo("interrupted; the lab was removed", err=True)
         sys.exit(130)
@@ -203,9 +181,3 @@ def _run_lab_command(settings: Any, options: Any, shaping: Shaping, allow_partia
         click.echo(report)
     click.echo(f"run directory: {run_dir}; lab {names.tag} removed")
     sys.exit(result.code)
-
-
-def register(main: click.Group) -> None:
-    """Attach ``netem`` and ``lab`` to the ``splitrl`` group."""
-    main.add_command(netem)
-    main.add_command(_lab_command())

@@ -1,4 +1,5 @@
-"""`splitrl report`: both figures, the table and TensorBoard files from two small generated run directories."""
+"""`splitrl report`: both figures, the table and TensorBoard files from two small generated run directories;
+`splitrl curve`: one run's learning curve."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from splitrl.cli import main
-from splitrl.report import load_run, make_report
+from splitrl.bench.report import curve_table, load_run, make_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -112,3 +113,20 @@ def test_a_run_still_starting_is_reported(tmp_path: Path) -> None:
         f.write('\n{"iteration": 4}\n')
     with pytest.raises(ValueError, match="line 3 is not JSON"):
         make_report([run], tmp_path / "again")
+
+
+def test_curve_prints_one_row_per_iteration(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [
+        {"iteration": 1, "global_step": 4096, "charts/episodic_return_ema": -40.0, "charts/episodic_return": -41.5,
+         "charts/episodes": 4, "charts/SPS": 50.0, "net_total/step/sent_bytes": 2_000_000,
+         "net_total/action/recv_bytes": 1_000_000},
+        {"iteration": 2, "global_step": 8192, "charts/episodic_return_ema": None, "charts/episodic_return": None,
+         "charts/episodes": 0, "charts/SPS": 60.0, "net_total/step/sent_bytes": 4_000_000,
+         "net_total/action/recv_bytes": 2_000_000},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = curve_table(run).splitlines()
+    assert lines[2] == "| 1 | 4096 | -40.0 | -41.5 | 4 | 50.0 | 3 |"
+    assert lines[3] == "| 2 | 8192 | - | - | 0 | 60.0 | 6 |"

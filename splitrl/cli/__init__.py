@@ -1,0 +1,58 @@
+"""The `splitrl` command. Commands only build settings, call down into the library and print.
+
+``main`` is the group; the commands live in one module per area and are attached
+here: `train` (stage0, stage1, train, run, curve), `bench` (``splitrl bench ...``),
+`netem` (``splitrl netem ...``, ``splitrl lab``) and `tools` (codecs, report).
+Their options come from the settings dataclasses (`options`); how they end on an
+error is `errors`. Every command imports torch lazily, so ``--help`` and
+``splitrl netem`` start quickly.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+import click
+
+from .bench import bench
+from .errors import run_cli
+from .netem import lab, netem
+from .options import training_options
+from .tools import codecs_cmd, report
+from .train import curve, run, stage0, stage1, train
+
+__all__ = ["main", "run_cli", "training_options"]
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _install_signal_handlers() -> None:
+    """SIGINT and SIGTERM both stop a stage the same way: tell the peer, clean up, exit 130.
+
+    SIGINT is set explicitly because a process started in the background by a
+    non-interactive shell inherits it ignored.
+    """
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S"
+    )
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option("-v", "--verbose", is_flag=True, help="debug logging")
+def main(verbose: bool) -> None:
+    """splitrl: PPO split across a slow link, with every byte counted."""
+    _setup_logging(verbose)
+    _install_signal_handlers()
+
+
+for _command in (stage0, stage1, train, run, curve, codecs_cmd, bench, report, netem, lab):
+    main.add_command(_command)

@@ -1,0 +1,236 @@
+"""``splitrl bench ...``: every benchmark's command (transports, end to end, codecs, learning, swap, the lab)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from .errors import fail, run_cli
+
+__all__ = ["bench"]
+
+_MIB = 1024 * 1024
+
+
+def _write_json(path: str | None, data: object, indent: int = 2) -> None:
+    """``--json PATH``: the rows as JSON too."""
+    if path:
+        Path(path).write_text(json.dumps(data, indent=indent))
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks (not tests): transports, end to end, codecs, learning with codecs, the shaped lab."""
+
+
+@bench.command("transport")
+@click.option("--seconds", default=1.0, show_default=True, help="measuring time per cell")
+@click.option("--quick", is_flag=True, help="tiny durations (smoke test)")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
+def bench_transport(seconds: float, quick: bool, json_path: str | None) -> None:
+    """Throughput and round trip of each transport and endpoint vs raw pyzmq."""
+    from ..bench.transport_bench import format_table, run_transport_bench
+
+    rows = run_transport_bench(seconds=seconds, quick=quick)
+    click.echo(format_table(rows))
+    _write_json(json_path, rows)
+
+
+@bench.command("codecs")
+@click.option("--num-steps", default=512, show_default=True, help="rollout length of the captured iteration")
+@click.option("--epochs", default=3, show_default=True, help="training epochs captured")
+@click.option("--minibatches", default=4, show_default=True, help="minibatches per epoch (512 / 4 = the paper's 128)")
+@click.option("--from", "from_run", type=click.Path(exists=True, file_okay=False),
+              help="start both stages from this run directory's newest checkpoints (a trained agent)")
+@click.option("--codec", "extra", multiple=True, metavar="STREAM=SPEC",
+              help="measure only these (repeatable), e.g. bwd=ef:density=0.02")
+@click.option("--threads", default=0, show_default=True, help="torch intra-op threads (0: torch's default)")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
+def bench_codecs(num_steps: int, epochs: int, minibatches: int, from_run: str | None, extra: tuple[str, ...],
+                 threads: int, json_path: str | None) -> None:
+    """Every codec on activations and gradients captured from a short CarRacing training."""
+    from ..bench.codec_bench import DEFAULT_SPECS, PIPELINES, capture, format_codec_table, pipeline_table, run_codec_bench
+
+    def go() -> None:
+        specs: dict[str, list[str]] | None = None
+        if extra:
+            specs = {}
+            for item in extra:
+                stream, eq, spec = item.partition("=")
+                if not eq or stream not in ("rollout", "fwd", "bwd"):
+                    raise click.BadParameter(f"{item!r}: expected STREAM=SPEC with STREAM rollout, fwd or bwd")
+                specs.setdefault(stream, []).append(spec)
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        cap = capture(num_steps, epochs, minibatches, checkpoint_dir=from_run)
+        if specs is None:  # the full table also covers every pipeline's codecs
+            specs = {stream: list(names) for stream, names in DEFAULT_SPECS.items()}
+            for streams in PIPELINES.values():
+                for stream, spec in streams.items():
+                    if spec not in specs[stream]:
+                        specs[stream].append(spec)
+        rows = run_codec_bench(cap, specs)
+        click.echo(format_codec_table(rows))
+        click.echo(f"\nPer env step over a whole iteration ({10} epochs, 4096 features), from the rates above:\n")
+        click.echo(pipeline_table(cap, rows))
+        _write_json(json_path, rows, indent=1)
+
+    run_cli(go)
+
+
+@bench.command("learning")
+@click.option("--config", "names", multiple=True, metavar="NAME",
+              help="configurations to run (repeatable; default: all). Known: fp32, bf16, paper-p90, paper-p99, "
+                   "ours, ours-zero-fwd, ours-ef6, ours-exact-fwd, ours-replica, ours-replica-sync, cloud-frames")
+@click.option("--iterations", default=25, show_default=True, help="PPO iterations of 4096 steps per run")
+@click.option("--out", "out_dir", default="runs/learning-comparison", show_default=True,
+              type=click.Path(file_okay=False), help="one run directory per configuration goes here")
+@click.option("--table-only", is_flag=True, help="only print the table of the run directories already in --out")
+@click.option("--upto", type=int, help="with --table-only: every run as of the end of this iteration")
+@click.option("--reference", default="bf16", show_default=True, help="the run the 'x fewer' column compares with")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def bench_learning(names: tuple[str, ...], iterations: int, out_dir: str, table_only: bool, upto: int | None,
+                   reference: str, extra: tuple[str, ...]) -> None:
+    """Train each codec configuration with the same seed and steps; one table row each.
+
+    Runs one after another (hours for the default 25 iterations each). Arguments after
+    `--` go to every `splitrl run`, e.g. `-- --threads 2`.
+    """
+    from ..bench.learning_bench import CONFIGS, learning_table, run_learning_comparison
+
+    def go() -> None:
+        unknown = [n for n in names if n not in CONFIGS]
+        if unknown:
+            raise ValueError(f"unknown --config {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
+        chosen = list(names or CONFIGS)
+        out = Path(out_dir)
+        if table_only:
+            dirs = [out / n for n in chosen if (out / n / "metrics.jsonl").exists()]
+        else:
+            dirs = run_learning_comparison(chosen, iterations * 4096, out, extra)
+        if not dirs:
+            raise ValueError(f"no finished runs under {out}")
+        click.echo(learning_table(dirs, reference=reference, upto=upto))
+
+    run_cli(go)
+
+
+@bench.command("e2e")
+@click.option("--iterations", default=1, show_default=True, help="PPO iterations (4096 steps each) per run")
+@click.option("--repeats", default=1, show_default=True, help="runs per mode, alternating split and twin")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="keep the run directories here")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
+@click.option("--against", metavar="REV",
+              help="also run every mode from a git checkout of REV, interleaved with this tree (before/after)")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def bench_e2e(iterations: int, repeats: int, out_dir: str | None, json_path: str | None, against: str | None,
+              extra: tuple[str, ...]) -> None:
+    """Steps/s of the paper configuration, split over loopback vs the twin, with the phase breakdown.
+
+    EXTRA arguments (after --) go to every run, e.g. -- --threads 2.
+    """
+    from ..bench.e2e_bench import format_e2e_table, run_e2e_bench
+
+    rows = run_cli(lambda: run_e2e_bench(iterations=iterations, repeats=repeats, extra_args=extra, out_dir=out_dir,
+                                         against=against))
+    click.echo(format_e2e_table(rows))
+    _write_json(json_path, rows)
+
+
+@bench.command("swap")
+@click.option("--links", default="zmq-tcp,zmq-ipc,tcp,torch-rpc", show_default=True,
+              help="comma-separated links to run the same training over")
+@click.option("--iterations", default=3, show_default=True,
+              help="iterations per run (the first, which pays for start-up, is left out of the figures)")
+@click.option("--repeats", default=1, show_default=True, help="runs per link, in reversed order on odd repeats")
+@click.option("--seconds", default=1.0, show_default=True, help="measuring time per cell of the micro-benchmark")
+@click.option("--quick", is_flag=True, help="smoke test: a 32-step training and a few ms per micro-benchmark cell")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              help="keep run directories, logs, swap.png and swap.json here [default: a new temporary directory]")
+@click.option("--no-netns", is_flag=True, help="do not run each link in a private network namespace (no kernel bytes)")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def bench_swap(links: str, iterations: int, repeats: int, seconds: float, quick: bool, out_dir: str | None,
+               no_netns: bool, extra: tuple[str, ...]) -> None:
+    """The same short PPO run over ZeroMQ tcp, ZeroMQ ipc, plain TCP and torch RPC; then the transport micro-benchmark.
+
+    The training is 512 CarRacing steps per iteration, 10 epochs of 4 minibatches of 128
+    (the paper's message sizes), --threads 1; EXTRA arguments (after --) go to every run.
+    As root, each run gets a private network namespace whose loopback bytes are counted.
+    Prints the table, writes swap.png (bar chart) and swap.json; about 10 minutes on 2 idle cores.
+    """
+
+    def go() -> None:
+        from ..bench.swap_bench import format_swap_table, run_swap_bench, swap_chart, swap_targets
+        from ..bench.transport_bench import TRANSPORTS, format_table, run_transport_bench
+
+        out = Path(out_dir or tempfile.mkdtemp(prefix="splitrl-swap-"))
+        names = [name.strip() for name in links.split(",") if name.strip()]
+        rows = run_swap_bench(names, iterations=iterations, repeats=repeats, quick=quick, extra_args=extra,
+                              out_dir=str(out), netns=False if no_netns else None)
+        click.echo(format_swap_table(rows))
+        chart = swap_chart(rows, out / "swap.png")
+        micro = run_transport_bench(sizes=(16384, 1 << 20), transports=TRANSPORTS, endpoints=("tcp", "ipc"),
+                                    seconds=seconds, quick=quick)
+        click.echo("\n" + format_table(micro) + "\n")
+        for line in swap_targets(micro):
+            click.echo(f"- {line}")
+        (out / "swap.json").write_text(json.dumps({"runs": rows, "micro": micro}, indent=2))
+        click.echo(f"\nchart: {chart}\nruns, logs and swap.json: {out}")
+
+    run_cli(go)
+
+
+@bench.command("lab")
+@click.option("--rates", default="5mbit,20mbit,100mbit", show_default=True,
+              help="comma-separated link rates in tc units; one lab per rate")
+@click.option("--quick", is_flag=True,
+              help="smoke test: one rate (20mbit unless --rates is given), a 2 MiB throughput payload and a tiny "
+                   "training (--total-steps 64 --num-steps 32 --epochs 2 --minibatches 2 --max-episode-steps 20)")
+@click.option("--measure", "measure_mib", type=click.FloatRange(min=1), default=None,
+              help="MiB for each throughput measurement [default: about 10 s of the rate, 4 to 64 MiB]")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              help="keep the run directories (and each stage's log) here [default: a new temporary directory]")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def bench_lab(ctx: click.Context, rates: str, quick: bool, measure_mib: float | None, out_dir: str | None,
+              json_path: str | None, extra: tuple[str, ...]) -> None:
+    """Per link rate, in the lab: achieved throughput, and a short PPO run's s/iteration with fp32 and the best codecs.
+
+    The short run is 2 iterations of 512 CarRacing steps, 2 epochs of 4 minibatches,
+    --threads 1. EXTRA arguments (after --) go to both stages of every run, e.g.
+    -- --timeout 120. Needs root. Roughly 10-20 minutes on an idle 2-core machine: fp32 moves
+    about 42 MB per iteration, over a minute of link time per iteration at 5 Mbit/s.
+    """
+    from ..bench.lab_bench import PPO_ARGS, QUICK_MEASURE_BYTES, QUICK_PPO_ARGS, QUICK_RATES, lab_bench_table, run_lab_bench
+    from ..netem.tc import ShapingError, parse_rate
+
+    rate_given = ctx.get_parameter_source("rates") is not click.core.ParameterSource.DEFAULT
+    rate_list = [r.strip() for r in rates.split(",") if r.strip()] if (rate_given or not quick) else list(QUICK_RATES)
+    if not rate_list:
+        raise click.BadParameter("no rate given", param_hint="--rates")
+    for rate in rate_list:
+        try:
+            parse_rate(rate)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--rates") from None
+    if measure_mib is not None:
+        measure_bytes: int | None = int(measure_mib * _MIB)
+    else:
+        measure_bytes = QUICK_MEASURE_BYTES if quick else None
+    try:
+        rows = run_lab_bench(rate_list, QUICK_PPO_ARGS if quick else PPO_ARGS, measure_bytes=measure_bytes,
+                             extra_args=extra, out_dir=out_dir, echo=lambda line: click.echo(line, err=True))
+    except (ShapingError, RuntimeError, ValueError) as exc:
+        fail(exc)
+    except KeyboardInterrupt:
+        click.echo("interrupted; the lab was removed", err=True)
+        sys.exit(130)
+    click.echo(lab_bench_table(rows))
+    _write_json(json_path, rows)

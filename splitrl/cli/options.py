@@ -1,0 +1,74 @@
+"""Click options generated from the settings dataclasses: one option per field, its doc line as the help."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any, Callable
+
+import click
+
+from ..runs import default_run_dir
+from ..settings import CODEC_NAMES, CodecSettings, EnvSettings, PPOSettings, RunOptions, TrainSettings
+
+__all__ = ["training_options", "stage_argv"]
+
+_SECTIONS: tuple[tuple[str | None, type], ...] = (
+    (None, TrainSettings), ("env", EnvSettings), ("ppo", PPOSettings), ("codecs", CodecSettings)
+)
+
+
+def _help(f: dataclasses.Field) -> str:
+    text = f.metadata["help"]
+    if f.name.startswith("codec_"):
+        text += f"; one of {', '.join(CODEC_NAMES)}, optionally NAME:key=value,... and +zstd (details: splitrl codecs)"
+    return text
+
+
+def _option_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def _click_options(cls: type) -> list[Callable]:
+    out = []
+    for f in dataclasses.fields(cls):
+        if "help" not in f.metadata:
+            continue  # nested sections get their own options
+        name = _option_name(f.name)
+        if f.type in (bool, "bool"):
+            decl = f"{name}/--no-{name[2:]}"
+            out.append(click.option(decl, f.name, default=f.default, show_default=True, help=_help(f)))
+        else:
+            kind = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
+            out.append(click.option(name, f.name, type=kind, default=f.default, show_default=True, help=_help(f)))
+    return out
+
+
+def training_options(func: Callable) -> Callable:
+    """Add one click option per settings field, and pass built settings objects instead."""
+    options = [opt for _, cls in _SECTIONS for opt in _click_options(cls)] + _click_options(RunOptions)
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> Any:
+        def take(cls: type) -> Any:
+            return cls(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(cls) if "help" in f.metadata})
+
+        env, ppo, codecs = take(EnvSettings), take(PPOSettings), take(CodecSettings)
+        top = {f.name: kwargs.pop(f.name) for f in dataclasses.fields(TrainSettings) if "help" in f.metadata}
+        settings = TrainSettings(env=env, ppo=ppo, codecs=codecs, **top)
+        return func(settings=settings, options=take(RunOptions), **kwargs)
+
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def stage_argv(settings: TrainSettings, options: RunOptions, *, absolute: bool = False) -> tuple[list[str], str]:
+    """Check the settings (`ValueError` listing every problem), give the run its directory (a new one under
+    runs/ unless --run-dir), and return (the argv both stage processes get, the run directory)."""
+    settings.validate(options)
+    run_dir = options.run_dir or default_run_dir(settings.env.env_id)
+    if absolute:
+        run_dir = os.path.abspath(run_dir)
+    return settings.to_argv() + dataclasses.replace(options, run_dir=run_dir).to_argv(), run_dir

@@ -1,0 +1,9 @@
+"""When things happen: schedules drive the stages' compute over a `Transport`.
+
+`sync` is the synchronous schedule (the stages take turns); `session` holds the
+thin workers that run a schedule in a process, or both sides in one (the twin).
+"""
+
+from .session import open_link, prepare, run_stage0, run_stage1, serve_stage0, serve_stage1, train_twin
+
+__all__ = ["open_link", "prepare", "run_stage0", "run_stage1", "serve_stage0", "serve_stage1", "train_twin"]

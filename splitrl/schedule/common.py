@@ -1,0 +1,123 @@
+"""What every schedule needs around its loops: phase clocks, checked receives, the iteration record."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from typing import Any
+
+from ..stages import Edge
+from ..transport import Message, ProtocolError, Transport
+
+__all__ = ["PhaseClock", "expect", "iteration_stats", "IterationLog"]
+
+log = logging.getLogger(__name__)
+
+
+class _Phase:
+    __slots__ = ("clock", "name", "start")
+
+    def __init__(self, clock: "PhaseClock", name: str) -> None:
+        self.clock, self.name, self.start = clock, name, 0.0
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.clock.seconds[self.name] += time.perf_counter() - self.start
+
+
+class PhaseClock:
+    """Wall seconds per phase: ``with clock("env"): ...`` adds the block's time to ``seconds["env"]``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._phases: dict[str, _Phase] = {}
+
+    def __call__(self, name: str) -> _Phase:
+        phase = self._phases.get(name)
+        if phase is None:
+            phase = self._phases[name] = _Phase(self, name)
+        return phase
+
+
+def expect(link: Transport, kind: str, **header: Any) -> Message:
+    """The next message, which must be ``kind`` with these header values; `ProtocolError` otherwise."""
+    msg = link.recv()
+    if msg.kind != kind:
+        wanted = f" ({', '.join(f'{k}={v}' for k, v in header.items())})" if header else ""
+        raise ProtocolError(f"expected {kind!r}{wanted} from {link.peer}, got {msg.kind!r}")
+    got = {key: msg.header.get(key) for key in header}
+    if got != header:
+        raise ProtocolError(f"{kind}: expected {', '.join(f'{k}={v}' for k, v in header.items())}, "
+                            f"got {', '.join(f'{k}={v!r}' for k, v in got.items())}")
+    return msg
+
+
+def iteration_stats(link: Transport) -> dict[str, Any]:
+    """After ``iter_end``: stage1's ``iter_stats`` header (``progress`` messages while it trains alone come first)."""
+    while True:
+        msg = link.recv()
+        if msg.kind == "iter_stats":
+            return dict(msg.header)
+        if msg.kind != "progress":
+            raise ProtocolError(f"after 'iter_end' expected 'progress' or 'iter_stats' from {link.peer}, got {msg.kind!r}")
+
+
+class IterationLog:
+    """Stage0's metrics.jsonl lines: one per iteration, with the link's bytes since the last one."""
+
+    def __init__(self, edge: Edge, link: Transport) -> None:
+        self.edge, self.link = edge, link
+        self.records: list[dict[str, Any]] = []
+        self.bytes_before = link.meter.snapshot()
+        self.run_start = time.perf_counter()
+        self.iter_start = self.run_start
+        self.cpu_start = time.process_time()
+
+    def start(self) -> None:
+        self.iter_start = time.perf_counter()
+        self.cpu_start = time.process_time()
+
+    def end(self, iteration: int, clock: PhaseClock, stats: dict[str, Any]) -> dict[str, Any]:
+        """Build, write and log the record of ``iteration`` (stage1's ``stats`` included)."""
+        edge, s = self.edge, self.edge.settings
+        wall = time.perf_counter() - self.iter_start
+        returns = edge.returns
+        record: dict[str, Any] = {
+            "iteration": iteration,
+            "global_step": edge.global_step,
+            "charts/episodic_return": sum(returns) / len(returns) if returns else None,
+            "charts/episodic_return_ema": edge.ema_return,
+            "charts/episodes": len(returns),
+            "charts/SPS": s.steps_per_iteration / wall,
+            "time/iteration": wall,
+            "time/total": time.perf_counter() - self.run_start,
+        }
+        record.update({k: v for k, v in stats.items() if k.startswith(("losses/", "cpu/"))})
+        # CPU seconds of this process in the iteration (in the twin, both stages share it).
+        record["cpu/stage0"] = time.process_time() - self.cpu_start
+        heads = float(stats.get("time/heads", 0.0))
+        for phase in ("env", "encoder"):
+            record[f"time/{phase}"] = clock.seconds.get(phase, 0.0)
+        record["time/heads"] = heads
+        record["time/codec"] = clock.seconds.get("codec", 0.0)
+        # Time inside send/recv is stage1's compute plus the link; the stage1 report splits it.
+        record["time/link_wait"] = max(0.0, clock.seconds.get("link", 0.0) - heads)
+        net_now = self.link.meter.snapshot()
+        for key, value in net_now.items():
+            record[key] = value - self.bytes_before.get(key, 0)
+            record[key.replace("net/", "net_total/", 1)] = value
+        self.bytes_before = net_now
+        self.records.append(record)
+        if edge.run_log is not None:
+            edge.run_log.metrics(record)
+        ret = record["charts/episodic_return_ema"]
+        log.info(
+            "[stage0] iter %d/%d  step %d  %.0f steps/s  return(ema) %s  sent %.1f MB  recv %.1f MB",
+            iteration, s.num_iterations, edge.global_step, record["charts/SPS"],
+            "n/a" if ret is None else f"{ret:.1f}", self.link.meter.total("sent") / 1e6,
+            self.link.meter.total("recv") / 1e6,
+        )
+        return record

@@ -1,0 +1,139 @@
+"""The synchronous schedule: the two stages take turns, one message at a time.
+
+Both loops are here, stage0's first. Read them side by side: every ``send`` on
+one side is an ``expect`` on the other, in the same order (docs/PROTOCOL.md
+section 11). Stage0 drives; stage1 reacts. Per iteration:
+
+1. rollout: ``num_steps`` round trips (features -> action), then ``rollout_end``;
+2. training: ``epochs x minibatches`` round trips (``train_fwd`` -> ``train_bwd``),
+   each followed by a ``heads`` update when the replica exchange asks for one;
+3. iteration end: ``iter_end`` -> ``iter_stats``, checkpoints, the metrics line.
+
+The stages compute (`splitrl.stages`); this module only decides when, and
+times each phase for the metrics (``time/env``, ``time/encoder``, ...).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..runs import RunLog
+from ..stages import STAGE0, STAGE1, Edge, EdgeExchange, Learner, LearnerExchange
+from ..transport import Transport
+from .common import IterationLog, PhaseClock, expect, iteration_stats
+
+__all__ = ["stage0_loop", "stage1_loop"]
+
+
+def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoint_every: int = 10) -> list[dict[str, Any]]:
+    """Every iteration from stage0's side; returns the metrics records."""
+    s = edge.settings
+    metrics = IterationLog(edge, link)
+    for iteration in range(1, s.num_iterations + 1):
+        clock = PhaseClock()
+        metrics.start()
+
+        # -- rollout: one round trip per env step ------------------------------------
+        edge.begin_rollout(iteration)
+        for t in range(s.ppo.num_steps):
+            with clock("encoder"):
+                step = edge.observe(t)
+            with clock("link"):
+                link.send("step", *step)
+                action = expect(link, "action", t=t)
+            with clock("env"):
+                edge.step(action)
+        with clock("encoder"):
+            end = edge.end_rollout()
+        with clock("link"):
+            link.send("rollout_end", *end)
+            update = expect(link, "heads") if exchange.updates_after_rollout else None
+        if update is not None:
+            with clock("codec"):
+                exchange.apply_update(update, {"iteration": iteration})
+
+        # -- training: one round trip per minibatch ------------------------------------
+        if edge.trains:
+            for epoch, minibatches in enumerate(edge.minibatches()):
+                for mb, idx in enumerate(minibatches):
+                    with clock("encoder"):
+                        features = edge.forward(idx)
+                    with clock("codec"):
+                        sent, (tensors, header) = exchange.send(features, idx)
+                    with clock("link"):
+                        link.send("train_fwd", tensors, {**header, "epoch": epoch, "mb": mb})
+                        reply = expect(link, "train_bwd", epoch=epoch, mb=mb)
+                    with clock("codec"):
+                        grad = exchange.grad(sent, reply)
+                    with clock("encoder"):
+                        edge.backward(sent.out, grad)
+                        edge.optimizer_step()
+                    names = exchange.due(epoch, mb)
+                    if names:  # the replica's weights, updated mid-iteration
+                        with clock("link"):
+                            update = expect(link, "heads")
+                        with clock("codec"):
+                            exchange.apply_update(update, {"iteration": iteration, "epoch": epoch, "mb": mb}, names)
+
+        # -- iteration end ------------------------------------------------------------
+        checkpoint = iteration == s.num_iterations or (checkpoint_every > 0 and iteration % checkpoint_every == 0)
+        with clock("link"):
+            link.send("iter_end", header={"iteration": iteration, "checkpoint": checkpoint})
+            stats = iteration_stats(link)
+        if checkpoint and edge.run_log is not None:
+            edge.run_log.checkpoint(STAGE0, iteration, edge.state_dict())
+        metrics.end(iteration, clock, stats)
+    return metrics.records
+
+
+def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, run_log: RunLog | None = None) -> int:
+    """Every iteration from stage1's side, until stage0 closes; returns the iterations served."""
+    s = learner.settings
+    for iteration in range(1, s.num_iterations + 1):
+        busy = PhaseClock()  # our own compute, not the time spent waiting for stage0
+        cpu_start = time.process_time()
+
+        # -- rollout: act on every step, then GAE --------------------------------------
+        learner.begin_rollout(iteration)
+        for t in range(s.ppo.num_steps):
+            msg = expect(link, "step", t=t)
+            with busy("heads"):
+                action = learner.act(t, msg)
+            link.send("action", *action)
+        msg = expect(link, "rollout_end")
+        with busy("heads"):
+            learner.end_rollout(msg)
+            update = exchange.update()
+        if update is not None:
+            link.send("heads", *update)
+
+        # -- training: one PPO update per minibatch, on what stage0 sends --------------
+        if not learner.trains_alone:
+            for epoch, minibatches in enumerate(learner.minibatches()):
+                for mb, idx in enumerate(minibatches):
+                    msg = expect(link, "train_fwd", epoch=epoch, mb=mb)
+                    with busy("heads"):
+                        tensors, header = exchange.learn(msg, idx)
+                        learner.optimizer_step()
+                    link.send("train_bwd", tensors, {**header, "epoch": epoch, "mb": mb})
+                    with busy("heads"):
+                        update = exchange.update(epoch, mb)
+                    if update is not None:
+                        link.send("heads", *update)
+
+        # -- iteration end (with the cut before the first layer, stage1 trains now) ----
+        msg = expect(link, "iter_end", iteration=iteration)
+        if learner.trains_alone:
+            for epoch, minibatches in enumerate(learner.minibatches()):
+                with busy("heads"):
+                    learner.train_alone(minibatches)
+                link.send("progress", header={"epoch": epoch})
+        stats = learner.iteration_stats()
+        stats["time/heads"] = busy.seconds["heads"]
+        if msg.header.get("checkpoint") and run_log is not None:
+            run_log.checkpoint(STAGE1, iteration, learner.state_dict())
+        stats["cpu/stage1"] = time.process_time() - cpu_start  # after the checkpoint, as stage0's includes its own
+        link.send("iter_stats", header=stats)
+    expect(link, "close")
+    return s.num_iterations

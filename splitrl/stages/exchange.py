@@ -1,0 +1,108 @@
+"""What crosses the cut in training: a strategy with one half on each stage.
+
+In every training minibatch stage0 forwards its encoder and sends something
+that lets stage1 take the PPO loss; stage1 sends back the loss gradient with
+respect to what it received, and stage0 back-propagates it. What that something
+is, is the exchange (``--exchange``):
+
+- `FeaturesExchange` (``features``, the paper's): the encoder's output through
+  the fwd codec, and the gradient with respect to it through the bwd codec.
+- `splitrl.stages.replica` (``replica``): the change of the heads' outputs
+  since the rollout, computed on a replica of the heads that stage1 keeps up to
+  date with ``heads`` messages.
+
+The edge half (`EdgeExchange`) and the learner half (`LearnerExchange`) never
+touch a link: they turn tensors into `Payload`s and received messages back into
+tensors. Codecs stay pure tensor encoders underneath.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..codecs import CodecSet, Context
+from ..transport import Message, ProtocolError
+from .protocol import Payload
+
+if TYPE_CHECKING:
+    from .edge import Edge
+    from .learner import Learner
+
+__all__ = ["Sent", "EdgeExchange", "LearnerExchange", "FeaturesEdge", "FeaturesLearner"]
+
+
+@dataclass
+class Sent:
+    """One minibatch as stage0 sent it: the tensor its reply is the gradient of, and how to decode that reply."""
+
+    out: torch.Tensor
+    ctx: Context
+
+
+class EdgeExchange:
+    """Stage0's half. Subclasses say what is sent for the encoder's output and what the reply means."""
+
+    updates_after_rollout = False
+    """Whether stage1 sends a ``heads`` update after every rollout."""
+
+    def __init__(self, edge: "Edge") -> None:
+        self.edge = edge
+        self.codecs: CodecSet = edge.codecs
+
+    def send(self, features: torch.Tensor, idx: torch.Tensor) -> tuple[Sent, Payload]:
+        """``train_fwd``'s contents for the encoder's output ``features`` of samples ``idx``."""
+        raise NotImplementedError
+
+    def grad(self, sent: Sent, msg: Message) -> torch.Tensor:
+        """The gradient of the loss with respect to ``sent.out``, decoded from ``train_bwd``."""
+        return self.codecs.unpack("bwd", "grad", msg.tensors, msg.header, sent.ctx, tuple(sent.out.shape),
+                                  sent.out.dtype)
+
+    def due(self, epoch: int, mb: int) -> list[str]:
+        """The weights a ``heads`` update after minibatch (epoch, mb) carries; [] if none follows it."""
+        return []
+
+    def apply_update(self, msg: Message, expected: dict[str, int], names: list[str] | None = None) -> None:
+        raise ProtocolError(f"{msg.kind}: not expected with --exchange {self.edge.settings.codecs.exchange}")
+
+
+class LearnerExchange:
+    """Stage1's half: decodes what stage0 sent, takes the loss, encodes the gradient."""
+
+    def __init__(self, learner: "Learner") -> None:
+        self.learner = learner
+        self.codecs: CodecSet = learner.codecs
+
+    def learn(self, msg: Message, idx: torch.Tensor) -> Payload:
+        """Back-propagate the loss of samples ``idx`` into the heads; ``train_bwd``'s contents."""
+        raise NotImplementedError
+
+    def update(self, epoch: int | None = None, mb: int | None = None) -> Payload | None:
+        """A ``heads`` update to send after the rollout (no arguments) or after minibatch (epoch, mb); None if none."""
+        return None
+
+
+class FeaturesEdge(EdgeExchange):
+    def send(self, features: torch.Tensor, idx: torch.Tensor) -> tuple[Sent, Payload]:
+        tensors, header = {}, {}
+        ctx = Context(idx=idx, global_step=self.edge.global_step)
+        seen = self.codecs.pack("fwd", "features", features.detach(), ctx, tensors, header)
+        # The gradient is zero wherever stage1's view of a ReLU feature is (the ef codec sends only the rest).
+        return Sent(features, Context(idx=idx, mask=seen != 0, global_step=ctx.global_step)), (tensors, header)
+
+
+class FeaturesLearner(LearnerExchange):
+    def learn(self, msg: Message, idx: torch.Tensor) -> Payload:
+        learner = self.learner
+        step = learner.global_step(learner.settings.ppo.num_steps)
+        seen = self.codecs.unpack("fwd", "features", msg.tensors, msg.header, Context(idx=idx, global_step=step),
+                                  (len(idx), learner.feature_dim), torch.float32)
+        x = seen.detach().requires_grad_()
+        learner.loss(idx, *learner.heads.outputs(x)).backward()
+        tensors, header = {}, {}
+        self.codecs.pack("bwd", "grad", x.grad, Context(idx=idx, mask=seen != 0, global_step=step), tensors, header)
+        return tensors, header
+

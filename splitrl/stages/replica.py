@@ -1,0 +1,260 @@
+"""The replica exchange: training sends the change in the heads' outputs, not the features.
+
+With the cut after the CNN, the loss depends on a sample's 4,096 features only
+through the heads' outputs: the actor's mean (one value per action dimension)
+and the critic's value. Stage0 keeps a replica of the heads, brought up to date
+after each rollout (``heads``) and, if asked, during training (see below). In
+each training minibatch:
+
+- stage0 computes its current features f and sends, per sample, the change of
+  the replica's outputs since the rollout, ``o(f) - o(view)`` (4 floats for
+  CarRacing), where ``view`` is the sample's rollout features as stage1 has them;
+- stage1 trains its heads on ``view`` and adds that change to their outputs, so
+  the PPO ratio and the value loss see what the encoder did since the rollout
+  (the error is second order: the heads' drift since the sync times the features'
+  drift since the rollout);
+- stage1 sends back the loss gradient with respect to those outputs (4 floats),
+  and stage0 back-propagates it through the replica and the encoder.
+
+So a minibatch costs 32 bytes a sample both ways instead of 16 KiB each way in
+float32 (the fwd and bwd codecs still apply: bf16 halves it), and the replica
+costs one quantised weight update per iteration (plus those asked for during
+training). What is not exact: the heads' own gradients are taken at the
+rollout's features, and the encoder's gradient goes through weights up to one
+iteration (or ``all_every`` minibatches; its output layers ``last_every``) old.
+
+`HeadsSync` sends the heads' weights as the quantised change against the
+replica both sides keep (as the delta codec does for features), so quantisation
+errors never accumulate; it starts from the weights both stages build from the
+seed, so the full weights never cross the link, only their changes.
+
+The price is compute on the edge: stage0 runs the heads' forward and backward to
+the features for every training sample (about 4.2 M multiply-adds a sample next
+to the CNN's 10 M) and the heads on every rollout sample once an iteration.
+After an update during training, the cached outputs on the rollout view are stale,
+so each later minibatch of that iteration runs the heads' forward on its view
+rows as well (about 4.2 M more multiply-adds a sample).
+Once an iteration is the cheapest schedule but not the most exact: the heads
+train 320 minibatches an iteration at the paper's settings, and their output
+layers start near zero (``std=0.01``), so the replica's output layers can be
+far from the heads' by the last epoch. ``last_every=N`` also sends, after every
+N-th training minibatch, the change of every weight but the two first layers
+(about 3,100 values: the output layers and the biases); ``all_every=N`` sends all
+of them. Both count minibatches over the iteration (``all_every=160`` is every 5
+epochs at 32 minibatches an epoch); 0 means only after the rollout. They travel
+as ``heads`` messages after the ``train_bwd`` of that minibatch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+import torch
+from torch import nn
+
+from ..codecs import CodecError, Context
+from ..codecs.dense import Bf16, Fp32, Int8
+from ..models import ActorCriticHeads, build_agent
+from ..settings import Exchange
+from ..transport import Message, ProtocolError
+from .exchange import EdgeExchange, LearnerExchange, Sent
+from .protocol import Payload
+
+if TYPE_CHECKING:
+    from .edge import Edge
+    from .learner import Learner
+
+__all__ = ["HeadsSync", "ReplicaEdge", "ReplicaLearner", "FIRST_LAYERS", "due", "replicated"]
+
+FIRST_LAYERS = ("critic.0.weight", "actor_mean.0.weight")
+"""The heads' two feature-wide weights (`splitrl.models.ActorCriticHeads`): 99.9 % of the
+replica's values, sent by ``all_every`` but not by ``last_every``."""
+CODECS_BY_MODE = {c.name: c for c in (Fp32, Bf16, Int8)}
+
+
+def replicated(heads: ActorCriticHeads) -> list[tuple[str, nn.Parameter]]:
+    """The weights `ActorCriticHeads.outputs` uses (all but the log-std): what stage0's replica holds."""
+    return [(name, p) for name, p in heads.named_parameters() if name != "actor_logstd"]
+
+
+def due(exchange: Exchange, epoch: int, mb: int, epochs: int, minibatches: int, names: Iterable[str]) -> list[str]:
+    """The weights whose change follows the ``train_bwd`` of minibatch (epoch, mb); [] if none.
+
+    Both stages call this with the same arguments, so each knows what comes. Never after
+    the iteration's last minibatch: the next rollout's update follows it anyway.
+    """
+    done = epoch * minibatches + mb + 1
+    if done >= epochs * minibatches:
+        return []
+    if exchange.all_every and done % exchange.all_every == 0:
+        return list(names)
+    if exchange.last_every and done % exchange.last_every == 0:
+        return [name for name in names if name not in FIRST_LAYERS]
+    return []
+
+
+def _finite(x: torch.Tensor, what: str) -> torch.Tensor:
+    if not bool(torch.isfinite(x).all()):
+        raise CodecError(f"replica exchange: non-finite values in {what}")
+    return x
+
+
+class HeadsSync:
+    """The heads' weights as the replica has them, and the messages that update it.
+
+    Both sides start from the same named tensors (the heads as built from the
+    seed). The sender calls `encode` with the current weights, the receiver
+    `decode` with what arrived; afterwards both views are bit-identical. Each
+    tensor's change travels through the dense codec named by ``mode`` (``int8``:
+    one scale per row, a bias being one row), its parts named ``NAME[.part]``.
+    """
+
+    def __init__(self, initial: Iterable[tuple[str, torch.Tensor]], mode: str = "int8") -> None:
+        if mode not in CODECS_BY_MODE:
+            raise ValueError(f"heads sync: mode must be one of {', '.join(CODECS_BY_MODE)}, got {mode!r}")
+        self.codec = CODECS_BY_MODE[mode]()
+        self.view = {name: t.detach().float().clone() for name, t in initial}
+
+    def encode(self, current: Iterable[tuple[str, torch.Tensor]],
+               names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        """Parts that bring the receiver's view of ``names`` (default: all) to ``current``
+        (up to quantisation); updates ours."""
+        current = dict(current)
+        if set(current) != set(self.view):
+            raise ValueError(f"heads sync: expected tensors {sorted(self.view)}, got {sorted(current)}")
+        parts: dict[str, torch.Tensor] = {}
+        for name, base in self._selected(names).items():
+            enc = self.codec.encode(current[name].detach().float() - base, Context())
+            parts.update({f"{name}.{key}" if key else name: t for key, t in enc.tensors.items()})
+            base += enc.recon
+        return parts
+
+    def _selected(self, names: Iterable[str] | None) -> dict[str, torch.Tensor]:
+        if names is None:
+            return self.view
+        names = list(names)
+        unknown = sorted(set(names) - set(self.view))
+        if unknown:
+            raise ValueError(f"heads sync: no weights named {unknown}")
+        return {name: self.view[name] for name in names}
+
+    def decode(self, parts: dict[str, torch.Tensor], names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        """Apply a received update of ``names`` (default: all); returns the view.
+        `CodecError` (nothing changed) if it does not fit."""
+        updated, used = {}, 0
+        for name, base in self._selected(names).items():
+            mine = {key[len(name) + 1:]: t for key, t in parts.items() if key.startswith(name + ".")}
+            if name in parts:
+                mine[""] = parts[name]
+            used += len(mine)
+            try:
+                change = self.codec.decode(mine, {}, Context(), tuple(base.shape), torch.float32)
+            except CodecError as exc:
+                raise CodecError(f"heads sync: {name!r}: {exc}") from None
+            updated[name] = base + change
+            # A finite but huge scale overflows here: refuse it before the view changes.
+            if not bool(torch.isfinite(updated[name]).all()):
+                raise CodecError(f"heads sync: the update makes {name!r} non-finite")
+        if used != len(parts):
+            raise CodecError(f"heads sync: {len(parts) - used} tensor(s) name no weight of the heads")
+        self.view.update(updated)
+        return self.view
+
+
+def _outputs(heads: ActorCriticHeads, x: torch.Tensor) -> torch.Tensor:
+    """[actor mean, value] per sample: what crosses instead of the features."""
+    mean, value = heads.outputs(x)
+    return torch.cat([mean, value[:, None]], dim=1)
+
+
+class ReplicaEdge(EdgeExchange):
+    """Stage0's half: the replica, its cached outputs on the rollout view, the updates it applies."""
+
+    updates_after_rollout = True
+
+    def __init__(self, edge: "Edge") -> None:
+        super().__init__(edge)
+        s, spec = edge.settings, edge.spec
+        self.exchange = s.codecs.parsed_exchange()
+        _, heads = build_agent(spec.obs_shape, spec.action_dim, s.cut, s.seed, s.ppo.init_log_std)
+        self.replica = heads.requires_grad_(False)  # never trained here: stage1's heads, as last sent
+        self.sync = HeadsSync(replicated(self.replica), self.exchange.sync)
+        self.view = self.codecs.rollout_view()
+        self.feature_dim = heads.critic[0].in_features
+        self.view_outputs: torch.Tensor | None = None
+
+    def _view_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.view.rows(idx, (len(idx), self.feature_dim))
+
+    def _view_outputs(self, idx: torch.Tensor) -> torch.Tensor:
+        """The replica's outputs on the rollout view of samples ``idx``: cached for the
+        whole view after the rollout's update, computed per minibatch after a later one."""
+        if self.view_outputs is not None:
+            return self.view_outputs[idx]
+        with torch.no_grad():
+            return _outputs(self.replica, self._view_rows(idx))
+
+    def send(self, features: torch.Tensor, idx: torch.Tensor) -> tuple[Sent, Payload]:
+        out = _outputs(self.replica, features)
+        tensors, header = {}, {}
+        ctx = Context(idx=idx, global_step=self.edge.global_step)
+        self.codecs.pack("fwd", "outputs", out.detach() - self._view_outputs(idx), ctx, tensors, header)
+        return Sent(out, ctx), (tensors, header)
+
+    def grad(self, sent: Sent, msg: Message) -> torch.Tensor:
+        return _finite(super().grad(sent, msg), "the outputs' gradient")
+
+    def due(self, epoch: int, mb: int) -> list[str]:
+        ppo = self.edge.settings.ppo
+        return due(self.exchange, epoch, mb, ppo.epochs, ppo.minibatches, self.sync.view)
+
+    def apply_update(self, msg: Message, expected: dict[str, int], names: list[str] | None = None) -> None:
+        """Check that ``msg`` is the update ``expected`` names, apply it to the view, copy that into the replica.
+
+        After the rollout's update (``names`` None) the replica's outputs on the whole view are cached."""
+        got = {key: msg.header.get(key) for key in expected}
+        if got != expected:
+            raise ProtocolError(f"heads: expected the update for {expected}, got {got}")
+        view = self.sync.decode(msg.tensors, names)
+        with torch.no_grad():
+            for name, p in replicated(self.replica):
+                p.copy_(view[name])
+            if names is None:
+                samples = self.edge.flat_obs.shape[0]
+                self.view_outputs = torch.cat([_outputs(self.replica, self._view_rows(idx))
+                                               for idx in torch.arange(samples).split(1024)])
+            else:
+                self.view_outputs = None  # stale now; `_view_outputs` computes what each minibatch needs
+
+
+class ReplicaLearner(LearnerExchange):
+    """Stage1's half: heads trained on the rollout view plus the change stage0's replica saw."""
+
+    def __init__(self, learner: "Learner") -> None:
+        super().__init__(learner)
+        self.exchange = learner.settings.codecs.parsed_exchange()
+        self.sync = HeadsSync(replicated(learner.heads), self.exchange.sync)
+        self.view = self.codecs.rollout_view()
+
+    def learn(self, msg: Message, idx: torch.Tensor) -> Payload:
+        learner = self.learner
+        ctx = Context(idx=idx, global_step=learner.global_step(learner.settings.ppo.num_steps))
+        width = learner.spec.action_dim + 1
+        change = self.codecs.unpack("fwd", "outputs", msg.tensors, msg.header, ctx, (len(idx), width), torch.float32)
+        offset = _finite(change, "the outputs' change").requires_grad_()
+        mean, value = learner.heads.outputs(self.view.rows(idx, (len(idx), learner.feature_dim)))
+        learner.loss(idx, mean + offset[:, :-1], value + offset[:, -1]).backward()
+        tensors, header = {}, {}
+        self.codecs.pack("bwd", "grad", offset.grad, ctx, tensors, header)
+        return tensors, header
+
+    def update(self, epoch: int | None = None, mb: int | None = None) -> Payload | None:
+        heads, iteration = self.learner.heads, self.learner.iteration
+        if epoch is None:  # after the rollout: everything, before stage0 trains
+            return self.sync.encode(replicated(heads)), {"iteration": iteration}
+        ppo = self.learner.settings.ppo
+        names = due(self.exchange, epoch, mb, ppo.epochs, ppo.minibatches, self.sync.view)
+        if not names:
+            return None
+        # The replica's weights, brought closer to the heads' mid-iteration.
+        return self.sync.encode(replicated(heads), names), {"iteration": iteration, "epoch": epoch, "mb": mb}

@@ -1,0 +1,60 @@
+"""Helpers and fixtures for tests that need root and working ``ip netns`` (netem and the lab's benchmarks).
+
+Fixtures defined here are made visible by importing them in a conftest.py.
+"""
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+__all__ = ["ip_netns_list", "netns_usable", "remove_namespaces", "netns_ok", "needs_netns", "no_leftovers"]
+
+
+def ip_netns_list() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=15).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def netns_usable() -> str | None:
+    """None if namespaces can be made here, else why not."""
+    if os.geteuid() != 0:
+        return "needs root"
+    if not shutil.which("ip") or not shutil.which("tc"):
+        return "needs ip and tc (iproute2)"
+    probe = f"splitrl-probe-{secrets.token_hex(3)}"
+    try:
+        made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=15)
+        if made.returncode != 0:
+            return f"ip netns add failed: {made.stderr.strip()}"
+    finally:
+        subprocess.run(["ip", "netns", "delete", probe], capture_output=True, timeout=15)
+    return None
+
+
+def remove_namespaces(namespaces) -> None:
+    for ns in namespaces:
+        subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=15)
+
+
+@pytest.fixture(scope="session")
+def netns_ok():
+    """Skip unless this process can create network namespaces (probed once, in a throwaway one)."""
+    why_not = netns_usable() if sys.platform.startswith("linux") else "Linux only"
+    if why_not is not None:
+        pytest.skip(f"lab tests: {why_not}")
+
+
+needs_netns = pytest.mark.usefixtures("netns_ok")
+
+
+@pytest.fixture
+def no_leftovers(netns_ok):
+    """Remove this test's namespaces whatever happens, then check none is left."""
+    made: list[str] = []
+    yield made
+    remove_namespaces(made)
+    assert not [ns for ns in ip_netns_list() if ns.startswith("splitrl-")]

@@ -1,0 +1,127 @@
+"""The package's shape (DESIGN.md): no import cycles, and nothing imports a layer above its own.
+
+Every ``import`` statement of every module counts, at the top or inside a function (a lazy
+import still runs), except those under ``if TYPE_CHECKING:``, which never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import splitrl
+
+PACKAGE = Path(splitrl.__file__).resolve().parent
+
+LAYERS: list[tuple[str, ...]] = [
+    ("__main__", "cli"),
+    ("bench",),
+    ("schedule",),
+    ("stages",),
+    ("settings", "models", "envs"),
+    ("codecs",),
+    ("ppo",),
+    ("transport",),
+    ("netem",),
+    ("runs", "launch"),
+]
+"""Top to bottom; a module may import its own layer and the layers below it."""
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_package(name: str) -> bool:
+    return (PACKAGE.parent / Path(*name.split("."))).is_dir()
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    if not _is_package(module):
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for child in node.body for n in ast.walk(child))
+    return skipped
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the splitrl modules it imports."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        skipped = _type_checking_nodes(tree)
+        targets: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve(name, node)
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    targets.add(sub if sub in modules else base)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def layer(module: str) -> int:
+    top = module.split(".")[1] if "." in module else ""
+    for rank, names in enumerate(LAYERS):
+        if top in names:
+            return rank
+    raise AssertionError(f"{module}: in no layer of LAYERS (add it where DESIGN.md puts it)")
+
+
+def test_every_module_has_a_layer():
+    for module in import_graph():
+        if module != "splitrl":
+            layer(module)
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = [f"{m} imports {t}" for m, targets in import_graph().items() if m != "splitrl"
+              for t in sorted(targets) if t != "splitrl" and layer(t) < layer(m)]
+    assert upward == []
+
+
+def test_there_are_no_import_cycles():
+    graph = import_graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target, path + [target])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_the_walk_sees_lazy_imports_and_skips_type_checking_ones():
+    graph = import_graph()
+    # splitrl.settings imports the codecs inside a method (to validate codec specs).
+    assert "splitrl.codecs" in graph["splitrl.settings"]
+    # splitrl.stages.exchange names Edge and Learner for type checkers only.
+    assert "splitrl.stages.edge" not in graph["splitrl.stages.exchange"]

@@ -1,0 +1,62 @@
+"""Run directories read back: bytes on the link and one summary for every benchmark, report and curve."""
+
+import json
+
+import pytest
+
+from splitrl.runs import iteration_bytes, iteration_messages, link_bytes, link_messages, read_episodes, summarise_run
+
+
+def _write_metrics(run_dir, records):
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_summary_leaves_out_the_first_iteration_and_counts_only_byte_keys(tmp_path):
+    _write_metrics(tmp_path / "run", [
+        {"iteration": 1, "time/iteration": 50.0, "net/fwd/sent_bytes": 900, "net/fwd/sent_messages": 7},
+        {"iteration": 2, "time/iteration": 10.0, "net/fwd/sent_bytes": 600, "net/bwd/recv_bytes": 400,
+         "net_total/fwd/sent_bytes": 1500, "net/fwd/sent_messages": 7, "time/link_wait": 2.0},
+        {"iteration": 3, "time/iteration": 14.0, "net/fwd/sent_bytes": 800, "net/bwd/recv_bytes": 200},
+    ])
+    s = summarise_run(tmp_path / "run")
+    assert s["iterations"] == 3 and s["iterations_used"] == 2
+    assert s["seconds_per_iteration"] == 12.0
+    assert s["bytes_per_iteration"] == 1000.0
+    assert s["link_wait_per_iteration"] == 1.0
+    _write_metrics(tmp_path / "one", [{"iteration": 1, "time/iteration": 7.0, "net/fwd/sent_bytes": 5}])
+    assert summarise_run(tmp_path / "one")["seconds_per_iteration"] == 7.0  # a single iteration is all there is
+
+
+def test_meters_are_summed_by_scope_and_direction():
+    record = {
+        "net/step/sent_bytes": 10, "net/action/recv_bytes": 5, "net/step/sent_messages": 2, "net/action/recv_messages": 2,
+        "net_total/step/sent_bytes": 100, "net_total/action/recv_bytes": 50, "net_total/hello/sent_bytes": 7,
+        "net_total/step/sent_messages": 20, "net_total/action/recv_messages": 20, "time/iteration": 3.0,
+    }
+    assert iteration_bytes(record) == 15 and iteration_messages(record, "recv") == 2 and iteration_messages(record) == 4
+    assert link_bytes(record) == 157 and link_bytes(record, "sent") == 107 and link_bytes(record, "recv") == 50
+    assert link_messages(record, "sent") == 20
+
+
+def test_summary_has_totals_returns_and_settings(tmp_path):
+    run = tmp_path / "paper"
+    _write_metrics(run, [
+        {"iteration": i, "global_step": 32 * i, "charts/SPS": 10.0 * i, "time/iteration": 3.2, "time/total": 3.2 * i,
+         "charts/episodic_return_ema": float(i), "net_total/step/sent_bytes": 1000 * i, "net/step/sent_bytes": 1000}
+        for i in (1, 2, 3)
+    ])
+    (run / "config-stage0.json").write_text(json.dumps({"settings": {"cut": "cnn", "codecs": {"codec_bwd": "paper"}}}))
+    (run / "episodes.jsonl").write_text("".join(json.dumps({"iteration": i, "return": 10.0 * i}) + "\n" for i in (1, 2, 3)))
+    s = summarise_run(run)
+    assert s["run"] == "paper" and s["cut"] == "cnn" and s["codecs"] == "fp32 / fp32 / paper"
+    assert s["iterations"] == 3 and s["steps"] == 96 and s["total_bytes"] == 3000
+    assert s["bytes_per_step"] == pytest.approx(3000 / 96) and s["wall_seconds"] == pytest.approx(9.6)
+    assert s["final_ema"] == 3.0 and s["last_episodes_mean"] == 20.0
+    assert s["steps_per_second"] == 25.0  # iterations 2 and 3
+    assert summarise_run(run, skip_first=False)["steps_per_second"] == 20.0
+    first = summarise_run(run, upto=1)
+    assert first["iterations"] == 1 and first["total_bytes"] == 1000 and first["last_episodes_mean"] == 10.0
+    assert read_episodes(tmp_path) == []  # no episode finished yet
+    with pytest.raises(ValueError, match="no iterations"):
+        summarise_run(run, upto=0)
