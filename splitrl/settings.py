@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "Exchange", "EXCHANGES", "TrainSettings", "RunOptions", "ACTION_MAPS", "CUTS", "TRANSPORTS", "doc"]
+__all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "Exchange", "EXCHANGES", "ScheduleSettings", "SCHEDULES",
+           "option_name", "TrainSettings", "RunOptions", "ACTION_MAPS", "CUTS", "TRANSPORTS", "doc"]
 
 TRANSPORTS = ("zmq", "tcp", "torch-rpc")
 CUTS = ("cnn", "input")
@@ -23,6 +24,11 @@ CODEC_NAMES = ("fp32", "bf16", "fp16", "int8", "relu", "delta", "paper", "ef", "
 first layer (the paper's "cloud setup": raw observations cross the link)."""
 
 
+def option_name(f: dataclasses.Field) -> str:
+    """The command-line option of a settings field: ``--field-name`` unless the field names another."""
+    return "--" + f.metadata.get("option", f.name.replace("_", "-"))
+
+
 def _argv(settings: Any) -> list[str]:
     """Command-line options for every documented field of a settings dataclass, nested sections included."""
     args: list[str] = []
@@ -31,7 +37,7 @@ def _argv(settings: Any) -> list[str]:
         if dataclasses.is_dataclass(value):
             args += _argv(value)
             continue
-        name = "--" + f.name.replace("_", "-")
+        name = option_name(f)
         if isinstance(value, bool):
             args.append(name if value else f"--no-{name[2:]}")
         else:
@@ -39,9 +45,9 @@ def _argv(settings: Any) -> list[str]:
     return args
 
 
-def doc(default: Any, help: str) -> Any:
-    """A dataclass field with a default and a one-line help text."""
-    return field(default=default, metadata={"help": help})
+def doc(default: Any, help: str, option: str | None = None) -> Any:
+    """A dataclass field with a default and a one-line help text (and its option's name if not the field's)."""
+    return field(default=default, metadata={"help": help} if option is None else {"help": help, "option": option})
 
 
 @dataclass(frozen=True)
@@ -226,6 +232,67 @@ class CodecSettings:
         return {"rollout": self.codec_rollout, "fwd": self.codec_fwd, "bwd": self.codec_bwd}
 
 
+SCHEDULES = ("sync", "pipelined", "async")
+
+
+@dataclass(frozen=True)
+class ScheduleSettings:
+    """When each stage works (`splitrl.schedule`): the stages take turns unless these ask for overlap."""
+
+    rollout_groups: str = doc(
+        "1", "env groups the rollout cycles through: while stage1 acts for one group, stage0 steps another "
+             "(Sample Factory's double-buffered sampling); a divisor of --num-envs, or 'auto' (from the measured "
+             "round trip and env step time: K >= 1 + RTT / step time)")
+    microbatches: int = doc(
+        1, "micro-batches per training minibatch (GPipe): stage0 forwards micro-batch j+1 while stage1 computes "
+           "j; gradients add up, one optimizer step per minibatch on each side")
+    asynchronous: bool = doc(
+        False, "train iteration i while the rollout of i+1 runs, acting with the newest finished policy "
+               "(swapped in flight); importance-weighted value targets for samples an older policy acted on",
+        option="async")
+    max_staleness: int = doc(
+        1, "with --async: the most policy versions a sample may lag behind the policy that trains on it "
+           "(0: none, the rollout waits for training)")
+
+    @property
+    def mode(self) -> str:
+        """'async', 'pipelined' (groups or micro-batches) or 'sync'."""
+        if self.asynchronous:
+            return "async"
+        return "pipelined" if self.rollout_groups != "1" or self.microbatches != 1 else "sync"
+
+    def groups(self, num_envs: int) -> int | None:
+        """The number of env groups (None for 'auto', decided once the round trip is measured)."""
+        return None if self.rollout_groups == "auto" else int(self.rollout_groups)
+
+    def errors(self, num_envs: int, minibatch: int, codecs: "CodecSettings", cut: str) -> list[str]:
+        out = []
+        if self.rollout_groups != "auto":
+            try:
+                groups = int(self.rollout_groups)
+            except ValueError:
+                groups = 0
+            if groups < 1 or num_envs % groups:
+                out.append(f"--rollout-groups must be 'auto' or a divisor of --num-envs {num_envs} (each group "
+                           f"steps the same number of envs), got {self.rollout_groups!r}")
+        if self.microbatches < 1 or (minibatch >= 1 and minibatch % self.microbatches):
+            out.append(f"--microbatches must be >= 1 and divide the minibatch ({minibatch} samples), "
+                       f"got {self.microbatches}")
+        specs = codecs.specs()
+        if self.microbatches > 1 and any(spec.startswith("paper") for spec in specs.values()):
+            out.append("--microbatches > 1 cannot carry the paper codec: its accumulator is positional over "
+                       "a whole minibatch's rows")
+        if self.max_staleness < 0:
+            out.append(f"--max-staleness must be >= 0, got {self.max_staleness}")
+        if self.asynchronous:
+            if codecs.exchange.partition(":")[0] != "features":
+                out.append("--async works with --exchange features only (the replica's view and its updates "
+                           "belong to one rollout at a time)")
+            if any(spec.startswith("delta") for spec in specs.values()):
+                out.append("--async cannot carry the delta codec (its cache is the one rollout being trained on)")
+        return out
+
+
 @dataclass(frozen=True)
 class TrainSettings:
     """Everything both stages must agree on; hashed in the handshake."""
@@ -236,6 +303,7 @@ class TrainSettings:
     env: EnvSettings = field(default_factory=EnvSettings)
     ppo: PPOSettings = field(default_factory=PPOSettings)
     codecs: CodecSettings = field(default_factory=CodecSettings)
+    schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
 
     @property
     def steps_per_iteration(self) -> int:
@@ -247,6 +315,8 @@ class TrainSettings:
 
     def errors(self) -> list[str]:
         out = self.env.errors() + self.ppo.errors(self.env.num_envs) + self.codecs.errors(self.cut)
+        minibatch = self.steps_per_iteration // self.ppo.minibatches if self.ppo.minibatches >= 1 else 0
+        out += self.schedule.errors(self.env.num_envs, minibatch, self.codecs, self.cut)
         if self.cut not in CUTS:
             out.append(f"--cut must be one of {', '.join(CUTS)}, got {self.cut!r}")
         if self.seed < 0:
@@ -294,6 +364,8 @@ class RunOptions:
     start_timeout: float = doc(300.0, "seconds to wait for the peer to appear at start-up")
     checkpoint_every: int = doc(10, "save both stages every N iterations (0: only at the end)")
     threads: int = doc(0, "torch intra-op threads (0: torch's default)")
+    vector: str = doc("sync", "how stage0 steps its environments: 'sync' in its own process, 'async' in one "
+                              "worker process each (gymnasium AsyncVectorEnv), so encoding and the link overlap them")
     transport: str = doc("zmq", "the link: 'zmq' (ZeroMQ PUSH/PULL), 'tcp' (plain sockets, same frames), or 'torch-rpc' "
                           "(PyTorch RPC, the paper's link; loopback benchmarks only); both sides alike")
 
@@ -309,6 +381,8 @@ class RunOptions:
             out.append(f"--transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
         if self.threads < 0:
             out.append(f"--threads must be >= 0, got {self.threads}")
+        if self.vector not in ("sync", "async"):
+            out.append(f"--vector must be one of sync, async, got {self.vector!r}")
         return out
 
     def to_argv(self) -> list[str]:

@@ -92,7 +92,8 @@ def capture(num_steps: int = 512, epochs: int = 3, minibatches: int = 4, seed: i
         learner.end_rollout(message("rollout_end", edge.end_rollout()))
     finally:
         edge.close()
-    for minibatch in edge.minibatches():
+    learner.begin_training(1)
+    for minibatch in edge.begin_training(1):
         for idx in minibatch:
             sent, payload = sender.send(edge.forward(idx), idx)
             out.idx.append(idx.clone())

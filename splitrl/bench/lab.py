@@ -55,6 +55,8 @@ DEFAULT_PORT = 5555
 (`splitrl.launch.free_port_pair` checks the host's loopback, which is not where the
 stages listen)."""
 BULK_PORT = 5557
+PING_PORT = 5559
+"""The round-trip probe's port pair, through the delay relay when there is one (as the stages' link is)."""
 _MIB = 1024 * 1024
 
 
@@ -89,6 +91,35 @@ class Throughput:
         )
 
 
+def _probe(lab: Lab, roles: tuple[str, str], port: int, count: int, size: int, timeout: float,
+           deadline: float, what: str, connect_host: str = STAGE1_ADDR) -> dict[str, Any]:
+    """Run the probe's two ends (stage1's namespace binds ``port``, then stage0's connects to it at
+    ``connect_host``); the stage0 end's JSON line."""
+    pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+
+    def peer(side: str, role: str, host: str) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "splitrl.bench.throughput_probe", role, f"tcp://{host}:{port}", str(count),
+                str(size), lab.dev(side), str(timeout)]
+        return lab.spawn(side, argv, **pipe)
+
+    receiver = peer("stage1", roles[1], STAGE1_ADDR)
+    sender = peer("stage0", roles[0], connect_host)
+    try:
+        out, err = sender.communicate(timeout=deadline)
+        if sender.returncode != 0 or not out.strip():
+            lab.stop_processes(grace=2)
+            _, receiver_err = receiver.communicate(timeout=10)
+            raise RuntimeError(
+                f"the {what} measurement failed (exit {sender.returncode}):\n{err.strip()[-2000:]}"
+                + (f"\nother end: {receiver_err.strip()[-1000:]}" if receiver_err.strip() else "")
+            )
+        receiver.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        lab.stop_processes(grace=2)
+        raise RuntimeError(f"the {what} measurement did not finish within {deadline:.0f} s") from None
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def measure_throughput(
     lab: Lab, total_bytes: int = 8 * _MIB, message_bytes: int = _MIB, port: int = BULK_PORT
 ) -> Throughput:
@@ -97,30 +128,17 @@ def measure_throughput(
     rate = lab.shaping.rate or 10**9
     timeout = 30.0 + 3 * message_bytes * 8 / rate  # per message
     deadline = 150.0 + 3 * count * message_bytes * 8 / rate
-    endpoint = f"tcp://{STAGE1_ADDR}:{port}"
-    pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    result = _probe(lab, ("send", "recv"), port, count, message_bytes, timeout, deadline, "throughput")
+    return Throughput(**result)
 
-    def peer(side: str, role: str) -> subprocess.Popen:
-        argv = [sys.executable, "-m", "splitrl.bench.throughput_probe", role, endpoint, str(count),
-                str(message_bytes), lab.dev(side), str(timeout)]
-        return lab.spawn(side, argv, **pipe)
 
-    receiver = peer("stage1", "recv")
-    sender = peer("stage0", "send")
-    try:
-        out, err = sender.communicate(timeout=deadline)
-        if sender.returncode != 0 or not out.strip():
-            lab.stop_processes(grace=2)
-            _, receiver_err = receiver.communicate(timeout=10)
-            raise RuntimeError(
-                f"the throughput measurement failed (sender exit {sender.returncode}):\n{err.strip()[-2000:]}"
-                + (f"\nreceiver: {receiver_err.strip()[-1000:]}" if receiver_err.strip() else "")
-            )
-        receiver.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        lab.stop_processes(grace=2)
-        raise RuntimeError(f"the throughput measurement did not finish within {deadline:.0f} s") from None
-    return Throughput(**json.loads(out.strip().splitlines()[-1]))
+def measure_round_trip(lab: Lab, host: str, port: int, count: int = 20, size: int = 16384) -> list[float]:
+    """Seconds of ``count`` round trips of a ``size``-byte message (one rollout step's features) from
+    stage0's namespace to ``host`` (stage1, or the delay relay in front of it)."""
+    rate = lab.shaping.rate or 10**9
+    timeout = 30.0 + 3 * size * 8 / rate + 2 * lab.shaping.delay
+    return _probe(lab, ("ping", "echo"), port, count, size, timeout, 150.0 + count * timeout, "round trip",
+                  host)["rtt_s"]
 
 
 # -- byte accounting -------------------------------------------------------------------
@@ -192,22 +210,23 @@ def app_bytes_from_metrics(run_dir: str | Path) -> dict[str, tuple[int, int]]:
 # -- the stages in the lab -------------------------------------------------------------
 
 
-def stage_commands(stage_args: Sequence[str], port: int = DEFAULT_PORT) -> dict[str, list[str]]:
+def stage_commands(stage_args: Sequence[str], port: int = DEFAULT_PORT,
+                   connect_host: str = STAGE1_ADDR) -> dict[str, list[str]]:
+    """``connect_host``: where stage0 connects (stage1's address, or the delay relay in stage0's namespace)."""
     base = [sys.executable, "-m", "splitrl"]
-    endpoint = f"tcp://{STAGE1_ADDR}:{port}"
     return {
-        "stage1": base + ["stage1", "--bind", endpoint, *stage_args],
-        "stage0": base + ["stage0", "--connect", endpoint, *stage_args],
+        "stage1": base + ["stage1", "--bind", f"tcp://{STAGE1_ADDR}:{port}", *stage_args],
+        "stage0": base + ["stage0", "--connect", f"tcp://{connect_host}:{port}", *stage_args],
     }
 
 
 def spawn_stages(lab: Lab, stage_args: Sequence[str], port: int = DEFAULT_PORT,
-                 log_dir: Path | None = None) -> dict[str, subprocess.Popen]:
+                 log_dir: Path | None = None, connect_host: str = STAGE1_ADDR) -> dict[str, subprocess.Popen]:
     """stage1, then stage0, in their namespaces; their output to ``log_dir/<side>.log`` if given, else to ours.
 
     Run them to the end with `splitrl.launch.supervise`; the lab stops whatever is left when it goes down.
     """
-    cmds = stage_commands(stage_args, port)
+    cmds = stage_commands(stage_args, port, connect_host)
     procs = {}
     for side in ("stage1", "stage0"):
         if log_dir is None:
@@ -227,6 +246,18 @@ class LabResult:
     run_dir: str
     sides: list[SideBytes] = field(default_factory=list)
     interrupted: bool = False
+    shaping: Shaping = field(default_factory=Shaping)
+    round_trip: list[float] = field(default_factory=list)
+    """Seconds of each probe round trip (16 KiB out, 16 KiB back) stage0's way to stage1."""
+
+    def round_trip_text(self, shaping: Shaping) -> str:
+        if not self.round_trip:
+            return ""
+        rtt = sorted(self.round_trip)
+        median = rtt[len(rtt) // 2]
+        set_ms = f"{2e3 * shaping.delay:g} ms set (the delay each way)" if shaping.delay else "no delay set"
+        return (f"round trip stage0 -> stage1 -> stage0, 16 KiB each way, measured: median {1e3 * median:.2f} ms "
+                f"(min {1e3 * rtt[0]:.2f}, max {1e3 * rtt[-1]:.2f}, {len(rtt)} round trips); {set_ms}")
 
     @property
     def code(self) -> int:
@@ -254,7 +285,7 @@ def run_lab(
     exit), then the lab is removed; the result then has ``interrupted`` set.
     """
     names = names or LabNames.random()
-    result = LabResult(names, [], None, {"stage1": None, "stage0": None}, run_dir)
+    result = LabResult(names, [], None, {"stage1": None, "stage0": None}, run_dir, shaping=shaping)
 
     def interrupted() -> None:
         echo("interrupted: stopping both stages and removing the lab")
@@ -273,9 +304,12 @@ def run_lab(
                 echo(f"measuring throughput stage0 -> stage1 with {format_size(measure_bytes)} ...")
                 result.throughput = measure_throughput(lab, measure_bytes)
                 echo(f"  {format_rate(result.throughput.goodput_bits)} (details at the end)")
+            host = lab.start_relay([port, port + 1, PING_PORT, PING_PORT + 1])
+            result.round_trip = measure_round_trip(lab, host, PING_PORT)
+            echo(f"  {result.round_trip_text(shaping)}")
             before = {s: lab.counters(s) for s in SIDES}
             tcp_before = {s: lab.tcp_stats(s) for s in SIDES}
-            procs = spawn_stages(lab, stage_args, port)
+            procs = spawn_stages(lab, stage_args, port, connect_host=host)
             supervise(list(procs.values()), grace=grace, on_interrupt=interrupted)
         except KeyboardInterrupt:
             if not result.interrupted:  # during the throughput measurement: leaving the lab stops its peers
@@ -308,6 +342,8 @@ def format_report(result: LabResult) -> str:
     rate = next((a.shaping for a in result.applied), "?")
     if result.throughput:
         lines.append(f"achieved throughput stage0 -> stage1 (link shaped to {rate}): {result.throughput.text()}")
+    if result.round_trip:
+        lines.append(result.round_trip_text(result.shaping))
     if not result.sides:
         return "\n".join(lines)
     h = result.sides[0].header_bytes

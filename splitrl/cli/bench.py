@@ -143,6 +143,37 @@ def bench_e2e(iterations: int, repeats: int, out_dir: str | None, json_path: str
     _write_json(json_path, rows)
 
 
+@bench.command("pipeline")
+@click.option("--modes", default=",".join(["sync", "+ async envs", "+ pipelined rollout", "+ micro-batches", "+ async"]),
+              show_default=True, help="comma-separated rows; each adds one mechanism to the one before")
+@click.option("--rtt", "rtts", default="0,20", show_default=True,
+              help="comma-separated round trips in ms; above 0 the runs go through the lab (needs root)")
+@click.option("--rate", default="100mbit", show_default=True, help="the lab's link rate (tc units)")
+@click.option("--iterations", default=2, show_default=True,
+              help="paper iterations per run (the first, which pays for start-up, is left out of the figures)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="keep the run directories here")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: str | None, json_path: str | None,
+                   extra: tuple[str, ...]) -> None:
+    """The paper configuration under each schedule, side by side, at each round trip.
+
+    Columns: s/iteration, steps/s, each stage's busy fraction (CPU s / wall s), link wait,
+    MB per iteration, staleness. EXTRA arguments (after --) go to every run, e.g. -- --threads 1.
+    """
+    from ..bench.pipeline_bench import pipeline_table, run_pipeline_bench
+
+    def go() -> list:
+        rtt_list = [float(x) for x in rtts.split(",") if x.strip()]
+        mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+        return run_pipeline_bench(mode_list, rtt_list, iterations=iterations, rate=rate, extra_args=extra,
+                                  out_dir=out_dir, echo=lambda line: click.echo(line, err=True))
+
+    rows = run_cli(go)
+    click.echo(pipeline_table(rows))
+    _write_json(json_path, rows)
+
+
 @bench.command("swap")
 @click.option("--links", default="zmq-tcp,zmq-ipc,tcp,torch-rpc", show_default=True,
               help="comma-separated links to run the same training over")

@@ -42,8 +42,8 @@ def _shaping_options(rate_default: str | None) -> Callable[[Callable], Callable]
     options = [
         click.option("--rate", default=rate_default, show_default=rate_default is not None,
                      help="link rate, tc units: 20mbit, 500kbit, 1gbit, 2mbps (bytes/s)"),
-        click.option("--delay", help="delay added to every packet, e.g. 20ms (needs the netem qdisc)"),
-        click.option("--jitter", help="random variation of the delay, e.g. 5ms (needs --delay and netem)"),
+        click.option("--delay", help="delay added to every packet, e.g. 20ms (netem; where the kernel has none, `splitrl lab` adds it with a TCP relay, splitrl/netem/relay.py)"),
+        click.option("--jitter", help="random variation of the delay, e.g. 5ms (needs --delay; netem or, in the lab, the relay)"),
         click.option("--loss", help="random packet loss, e.g. 0.1% (needs netem)"),
         click.option("--limit", type=click.IntRange(min=1),
                      help="queue limit in packets [default: one 1 MiB message plus the rate x delay in flight]"),

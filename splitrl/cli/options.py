@@ -10,12 +10,14 @@ from typing import Any, Callable
 import click
 
 from ..runs import default_run_dir
-from ..settings import CODEC_NAMES, CodecSettings, EnvSettings, PPOSettings, RunOptions, TrainSettings
+from ..settings import (CODEC_NAMES, CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings,
+                        TrainSettings, option_name)
 
 __all__ = ["training_options", "stage_argv"]
 
 _SECTIONS: tuple[tuple[str | None, type], ...] = (
-    (None, TrainSettings), ("env", EnvSettings), ("ppo", PPOSettings), ("codecs", CodecSettings)
+    (None, TrainSettings), ("env", EnvSettings), ("ppo", PPOSettings), ("codecs", CodecSettings),
+    ("schedule", ScheduleSettings),
 )
 
 
@@ -26,16 +28,12 @@ def _help(f: dataclasses.Field) -> str:
     return text
 
 
-def _option_name(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-")
-
-
 def _click_options(cls: type) -> list[Callable]:
     out = []
     for f in dataclasses.fields(cls):
         if "help" not in f.metadata:
             continue  # nested sections get their own options
-        name = _option_name(f.name)
+        name = option_name(f)
         if f.type in (bool, "bool"):
             decl = f"{name}/--no-{name[2:]}"
             out.append(click.option(decl, f.name, default=f.default, show_default=True, help=_help(f)))
@@ -54,9 +52,9 @@ def training_options(func: Callable) -> Callable:
         def take(cls: type) -> Any:
             return cls(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(cls) if "help" in f.metadata})
 
-        env, ppo, codecs = take(EnvSettings), take(PPOSettings), take(CodecSettings)
+        env, ppo, codecs, schedule = take(EnvSettings), take(PPOSettings), take(CodecSettings), take(ScheduleSettings)
         top = {f.name: kwargs.pop(f.name) for f in dataclasses.fields(TrainSettings) if "help" in f.metadata}
-        settings = TrainSettings(env=env, ppo=ppo, codecs=codecs, **top)
+        settings = TrainSettings(env=env, ppo=ppo, codecs=codecs, schedule=schedule, **top)
         return func(settings=settings, options=take(RunOptions), **kwargs)
 
     for option in reversed(options):

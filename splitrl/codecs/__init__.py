@@ -95,9 +95,10 @@ class CodecSet:
     def __getitem__(self, stream: str) -> Codec:
         return self.codecs[stream]
 
-    def new_iteration(self) -> None:
-        for codec in self.codecs.values():
-            codec.new_iteration()
+    def new_iteration(self, *streams: str) -> None:
+        """A new rollout batch begins for ``streams`` (default: all): their codecs drop per-sample state."""
+        for stream in streams or self.codecs:
+            self.codecs[stream].new_iteration()
 
     def pack(self, stream: str, name: str, x: torch.Tensor, ctx: Context,
              tensors: dict[str, torch.Tensor], header: dict[str, Any]) -> torch.Tensor:

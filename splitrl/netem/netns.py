@@ -39,6 +39,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import uuid
 from dataclasses import dataclass
@@ -46,7 +47,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from ..launch import STOP_GRACE_S, stop_processes
-from .tc import Applied, Runner, ShapingError, Shaping, apply_shaping, format_plan, plan_shaping, run_command
+from .tc import (Applied, NetemMissing, PartialShaping, Plan, Runner, ShapingError, Shaping, apply_shaping, format_plan,
+                 plan_shaping, run_command)
 
 __all__ = [
     "Lab",
@@ -265,6 +267,25 @@ def _signals_deferred() -> Iterator[None]:
 
 # -- two namespaces and a shaped veth pair ---------------------------------------------
 
+RELAY_HOST = "127.0.0.1"
+"""Where the delay relay listens inside stage0's namespace (its own loopback)."""
+
+
+def wait_for_line(proc: subprocess.Popen, text: str, timeout: float) -> bool:
+    """Read ``proc``'s (text) stdout until a line contains ``text``; False if it ends or the time runs out."""
+    found: list[bool] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            if text in line:
+                found.append(True)
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return bool(found)
+
 
 class Lab:
     """Two namespaces joined by a veth pair, each end's egress shaped alike.
@@ -288,6 +309,8 @@ class Lab:
         self.run = run or run_command
         self.applied: list[Applied] = []
         self.procs: list[subprocess.Popen] = []
+        self.relay_delay: tuple[float, float] | None = None
+        """(delay, jitter) in seconds that `start_relay` adds, where the kernel has no netem to do it."""
         self._up = False
 
     def __enter__(self) -> "Lab":
@@ -314,8 +337,38 @@ class Lab:
             self.run(cmd)
         for side in ("stage1", "stage0"):
             plan = plan_shaping(self.dev(side), self.shaping, self.ns(side))
-            self.applied.append(apply_shaping(plan, allow_partial=self.allow_partial, run=self.run))
+            self.applied.append(self._apply(plan))
         log.info("lab %s up: %s", self.names.tag, "; ".join(a.summary() for a in self.applied))
+
+    def _apply(self, plan: Plan) -> Applied:
+        """netem; without it, tbf for the rate and, for delay and jitter, the TCP relay (`splitrl.netem.relay`)."""
+        try:
+            return apply_shaping(plan, allow_partial=self.allow_partial, run=self.run)
+        except (PartialShaping, NetemMissing):
+            lost = [what for what in plan.tbf_cannot if not what.startswith(("delay", "jitter"))]
+            if not self.shaping.delay or (lost and not self.allow_partial):
+                raise
+        self.relay_delay = (self.shaping.delay, self.shaping.jitter)
+        note = ("the kernel has no netem qdisc: the delay (and jitter) come from a TCP relay in stage0's namespace "
+                "(splitrl.netem.relay), per chunk and in order, TCP only")
+        if plan.tbf:
+            applied = apply_shaping(plan, allow_partial=True, run=self.run)
+            return dataclasses.replace(applied, not_applied=tuple(lost), notes=applied.notes + (note,))
+        return Applied(plan.dev, "relay", "no qdisc", [], not_applied=tuple(lost), notes=(note,))
+
+    def start_relay(self, ports: Sequence[int], timeout: float = 60.0) -> str:
+        """With `relay_delay`: a relay in stage0's namespace from 127.0.0.1:PORT to stage1's address for each
+        port; returns the host stage0 should connect to (stage1's address when there is no relay)."""
+        if self.relay_delay is None:
+            return ADDRESSES["stage1"]
+        delay, jitter = self.relay_delay
+        argv = [sys.executable, "-m", "splitrl.netem.relay", "--listen", f"{RELAY_HOST}:{','.join(map(str, ports))}",
+                "--to", ADDRESSES["stage1"], "--delay", f"{delay * 1e3:g}ms", "--jitter", f"{jitter * 1e3:g}ms"]
+        proc = self.spawn("stage0", argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        ready = wait_for_line(proc, "relay ready", timeout)
+        if not ready:
+            raise ShapingError(f"the delay relay did not start within {timeout:g} s (exit {proc.poll()})")
+        return RELAY_HOST
 
     def spawn(self, side: str, argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen:
         """Start ``argv`` inside ``side``'s namespace; `down` stops it."""

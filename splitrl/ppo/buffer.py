@@ -14,7 +14,8 @@ class RolloutBuffer:
 
     ``actions`` are pre-tanh ``u`` so log-probs can be recomputed without atanh.
     After ``finish`` the ``b_*`` attributes are step-major flat views
-    (index = t * num_envs + n), matching ``obs.reshape(-1, ...)``.
+    (index = t * num_envs + n), matching ``obs.reshape(-1, ...)``. ``envs`` (a slice,
+    default all) lets env groups that step in turn write their own columns.
     """
 
     def __init__(self, num_steps: int, num_envs: int, action_dim: int) -> None:
@@ -32,42 +33,51 @@ class RolloutBuffer:
     def batch_size(self) -> int:
         return self.num_steps * self.num_envs
 
-    def _vec(self, x) -> torch.Tensor:
+    @staticmethod
+    def _vec(x, n: int) -> torch.Tensor:
         # critics often emit (N, 1) and envs numpy arrays; normalise both to (N,) float32
-        return torch.as_tensor(x, dtype=torch.float32).detach().reshape(self.num_envs)
+        return torch.as_tensor(x, dtype=torch.float32).detach().reshape(n)
 
-    def add(self, step: int, *, actions, logprobs, values) -> None:
+    def _width(self, envs: slice) -> int:
+        return len(range(*envs.indices(self.num_envs)))
+
+    def add(self, step: int, *, actions, logprobs, values, envs: slice = slice(None)) -> None:
         """Record what the policy produced at step ``step``."""
-        self.actions[step] = torch.as_tensor(actions, dtype=torch.float32).detach()
-        self.logprobs[step] = self._vec(logprobs)
-        self.values[step] = self._vec(values)
+        n = self._width(envs)
+        self.actions[step, envs] = torch.as_tensor(actions, dtype=torch.float32).detach()
+        self.logprobs[step, envs] = self._vec(logprobs, n)
+        self.values[step, envs] = self._vec(values, n)
 
-    def add_outcome(self, step: int, *, rewards, terminated, truncated, final_values=None) -> None:
+    def add_outcome(self, step: int, *, rewards, terminated, truncated, final_values=None,
+                    envs: slice = slice(None)) -> None:
         """Record what the env returned after acting at step ``step``.
 
         ``final_values`` (N,) = V(real last obs) is read only where truncated and
         not terminated; zeros are stored elsewhere.
         """
-        term = self._vec(terminated).bool()
-        trunc = self._vec(truncated).bool()
+        n = self._width(envs)
+        term = self._vec(terminated, n).bool()
+        trunc = self._vec(truncated, n).bool()
         needs_bootstrap = trunc & ~term
         if final_values is None:
             if needs_bootstrap.any():
                 # silently bootstrapping 0 would bias every time-limited episode
                 raise ValueError("final_values is required when an env is truncated")
-            fv = torch.zeros(self.num_envs)
+            fv = torch.zeros(n)
         else:
-            fv = torch.where(needs_bootstrap, self._vec(final_values), torch.zeros(self.num_envs))
-        self.rewards[step] = self._vec(rewards)
-        self.terminated[step] = term.float()
-        self.truncated[step] = trunc.float()
-        self.final_values[step] = fv
+            fv = torch.where(needs_bootstrap, self._vec(final_values, n), torch.zeros(n))
+        self.rewards[step, envs] = self._vec(rewards, n)
+        self.terminated[step, envs] = term.float()
+        self.truncated[step, envs] = trunc.float()
+        self.final_values[step, envs] = fv
 
-    def finish(self, last_value, gamma: float = 0.99, gae_lambda: float = 0.95) -> None:
-        """Compute advantages/returns and the flattened ``b_*`` batch views."""
+    def finish(self, last_value, gamma: float = 0.99, gae_lambda: float = 0.95,
+               weights: torch.Tensor | None = None) -> None:
+        """Compute advantages/returns (with ``weights``: importance-weighted, see `compute_gae`)
+        and the flattened ``b_*`` batch views."""
         self.advantages, self.returns = compute_gae(
             self.rewards, self.values, self.terminated, self.truncated,
-            self.final_values, self._vec(last_value), gamma, gae_lambda,
+            self.final_values, self._vec(last_value, self.num_envs), gamma, gae_lambda, weights,
         )
         self.b_actions = self.actions.reshape(-1, self.action_dim)
         self.b_logprobs = self.logprobs.reshape(-1)

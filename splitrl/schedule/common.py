@@ -68,8 +68,10 @@ def iteration_stats(link: Transport) -> dict[str, Any]:
 class IterationLog:
     """Stage0's metrics.jsonl lines: one per iteration, with the link's bytes since the last one."""
 
-    def __init__(self, edge: Edge, link: Transport) -> None:
+    def __init__(self, edge: Edge, link: Transport, extra: dict[str, Any] | None = None) -> None:
         self.edge, self.link = edge, link
+        self.extra = dict(extra or {})
+        """Keys every record carries (what the schedule measured at the start)."""
         self.records: list[dict[str, Any]] = []
         self.bytes_before = link.meter.snapshot()
         self.run_start = time.perf_counter()
@@ -84,7 +86,7 @@ class IterationLog:
         """Build, write and log the record of ``iteration`` (stage1's ``stats`` included)."""
         edge, s = self.edge, self.edge.settings
         wall = time.perf_counter() - self.iter_start
-        returns = edge.returns
+        returns = edge.take_returns()
         record: dict[str, Any] = {
             "iteration": iteration,
             "global_step": edge.global_step,
@@ -95,7 +97,8 @@ class IterationLog:
             "time/iteration": wall,
             "time/total": time.perf_counter() - self.run_start,
         }
-        record.update({k: v for k, v in stats.items() if k.startswith(("losses/", "cpu/"))})
+        record.update({k: v for k, v in stats.items() if k.startswith(("losses/", "cpu/", "async/"))})
+        record.update(self.extra)
         # CPU seconds of this process in the iteration (in the twin, both stages share it).
         record["cpu/stage0"] = time.process_time() - self.cpu_start
         heads = float(stats.get("time/heads", 0.0))

@@ -26,7 +26,10 @@ from ..stages import LIMITS, STAGE0, STAGE1, Edge, Learner, edge_exchange, learn
 from ..transport import TcpTransport, Transport, ZmqTransport
 from ..transport.handshake import check_hello, handshake, send_hello
 from ..transport.local import LocalTransport
-from .sync import stage0_loop, stage1_loop
+from . import asynchronous, pipelined, sync
+
+SCHEDULES = {"sync": sync, "pipelined": pipelined, "async": asynchronous}
+"""``settings.schedule.mode`` -> the module whose ``stage0_loop`` / ``stage1_loop`` run it."""
 
 __all__ = ["prepare", "open_link", "serve_stage0", "serve_stage1", "run_stage0", "run_stage1", "train_twin"]
 
@@ -61,14 +64,27 @@ def open_link(options: RunOptions, endpoint: str, *, bind: bool, peer: str) -> T
     return cls(endpoint, bind=bind, timeout=options.timeout, limits=LIMITS, name=peer)
 
 
+def make_edge(settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None, options: RunOptions) -> Edge:
+    """Stage0's compute, with as many rollout slots and acting copies as the schedule needs."""
+    concurrent = settings.schedule.mode == "async"
+    return Edge(settings, spec, run_log, vector=options.vector, acting_copy=concurrent,
+                slots=settings.schedule.max_staleness + 1 if concurrent else 1)
+
+
+def make_learner(settings: TrainSettings, spec: EnvSpec) -> Learner:
+    """Stage1's compute, with as many rollout slots and acting copies as the schedule needs."""
+    concurrent = settings.schedule.mode == "async"
+    return Learner(settings, spec, acting_copy=concurrent, slots=settings.schedule.max_staleness + 1 if concurrent else 1)
+
+
 def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10,
                  start_timeout: float | None = None) -> list[dict[str, Any]]:
     """Handshake, every iteration, close. Returns the metrics records."""
     try:
         handshake(link, STAGE0, STAGE1, edge.settings.shared(), timeout=start_timeout)
-        edge.open_envs()
         try:
-            records = stage0_loop(edge, edge_exchange(edge), link, checkpoint_every=checkpoint_every)
+            records = SCHEDULES[edge.settings.schedule.mode].stage0_loop(edge, edge_exchange(edge), link,
+                                                                         checkpoint_every=checkpoint_every)
         finally:
             edge.close()
         link.send("close")
@@ -87,7 +103,7 @@ def serve_stage1(learner: Learner, link: Transport, run_log: RunLog | None = Non
         send_hello(link, STAGE1, shared)  # answer before checking, so a mismatch is reported on both sides
         check_hello(hello, STAGE1, STAGE0, shared, link.peer)
         log.info("[stage1] stage0 connected")
-        served = stage1_loop(learner, learner_exchange(learner), link, run_log)
+        served = SCHEDULES[learner.settings.schedule.mode].stage1_loop(learner, learner_exchange(learner), link, run_log)
     except BaseException as exc:
         link.abort(f"stage1 failed: {type(exc).__name__}: {exc}")
         raise
@@ -97,7 +113,7 @@ def serve_stage1(learner: Learner, link: Transport, run_log: RunLog | None = Non
 
 def run_stage0(settings: TrainSettings, options: RunOptions, connect: str) -> list[dict[str, Any]]:
     spec, run_log = prepare(settings, options, STAGE0)
-    edge = Edge(settings, spec, run_log)
+    edge = make_edge(settings, spec, run_log, options)
     with open_link(options, connect, bind=False, peer=f"stage1 at {connect}") as link:
         log.info("[stage0] connecting to stage1 at %s", connect)
         return serve_stage0(edge, link, checkpoint_every=options.checkpoint_every, start_timeout=options.start_timeout)
@@ -105,7 +121,7 @@ def run_stage0(settings: TrainSettings, options: RunOptions, connect: str) -> li
 
 def run_stage1(settings: TrainSettings, options: RunOptions, bind: str) -> int:
     spec, run_log = prepare(settings, options, STAGE1)
-    learner = Learner(settings, spec)
+    learner = make_learner(settings, spec)
     with open_link(options, bind, bind=True, peer="stage0") as link:
         log.info("[stage1] listening on %s (%s)", link.endpoint, options.transport)
         return serve_stage1(learner, link, run_log, start_timeout=options.start_timeout)
@@ -114,8 +130,8 @@ def run_stage1(settings: TrainSettings, options: RunOptions, bind: str) -> int:
 def train_twin(settings: TrainSettings, options: RunOptions) -> list[dict[str, Any]]:
     """Both stages in this process over an in-process link: the no-network baseline."""
     spec, run_log = prepare(settings, options, "twin")
-    learner = Learner(settings, spec)
-    edge = Edge(settings, spec, run_log)
+    learner = make_learner(settings, spec)
+    edge = make_edge(settings, spec, run_log, options)
     link0, link1 = LocalTransport.pair(STAGE0, STAGE1, limits=LIMITS, timeout=options.timeout)
     failure: list[BaseException] = []
 

@@ -29,6 +29,7 @@ __all__ = ["stage0_loop", "stage1_loop"]
 def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoint_every: int = 10) -> list[dict[str, Any]]:
     """Every iteration from stage0's side; returns the metrics records."""
     s = edge.settings
+    edge.open_envs()
     metrics = IterationLog(edge, link)
     for iteration in range(1, s.num_iterations + 1):
         clock = PhaseClock()
@@ -38,9 +39,9 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
         edge.begin_rollout(iteration)
         for t in range(s.ppo.num_steps):
             with clock("encoder"):
-                step = edge.observe(t)
+                tensors, header = edge.observe(t)
             with clock("link"):
-                link.send("step", *step)
+                link.send("step", tensors, {**header, "t": t})
                 action = expect(link, "action", t=t)
             with clock("env"):
                 edge.step(action)
@@ -49,13 +50,14 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
         with clock("link"):
             link.send("rollout_end", *end)
             update = expect(link, "heads") if exchange.updates_after_rollout else None
+        schedule = edge.begin_training(iteration)
         if update is not None:
             with clock("codec"):
                 exchange.apply_update(update, {"iteration": iteration})
 
         # -- training: one round trip per minibatch ------------------------------------
         if edge.trains:
-            for epoch, minibatches in enumerate(edge.minibatches()):
+            for epoch, minibatches in enumerate(schedule):
                 for mb, idx in enumerate(minibatches):
                     with clock("encoder"):
                         features = edge.forward(idx)
@@ -99,18 +101,19 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
         for t in range(s.ppo.num_steps):
             msg = expect(link, "step", t=t)
             with busy("heads"):
-                action = learner.act(t, msg)
-            link.send("action", *action)
+                tensors, header = learner.act(t, msg)
+            link.send("action", tensors, {**header, "t": t})
         msg = expect(link, "rollout_end")
         with busy("heads"):
             learner.end_rollout(msg)
+            schedule = learner.begin_training(iteration)  # GAE
             update = exchange.update()
         if update is not None:
             link.send("heads", *update)
 
         # -- training: one PPO update per minibatch, on what stage0 sends --------------
         if not learner.trains_alone:
-            for epoch, minibatches in enumerate(learner.minibatches()):
+            for epoch, minibatches in enumerate(schedule):
                 for mb, idx in enumerate(minibatches):
                     msg = expect(link, "train_fwd", epoch=epoch, mb=mb)
                     with busy("heads"):
@@ -125,7 +128,7 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
         # -- iteration end (with the cut before the first layer, stage1 trains now) ----
         msg = expect(link, "iter_end", iteration=iteration)
         if learner.trains_alone:
-            for epoch, minibatches in enumerate(learner.minibatches()):
+            for epoch, minibatches in enumerate(schedule):
                 with busy("heads"):
                     learner.train_alone(minibatches)
                 link.send("progress", header={"epoch": epoch})

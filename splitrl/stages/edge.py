@@ -2,15 +2,26 @@
 
 `Edge` owns no link. Its methods take what arrived and return what to send
 (`Payload`); a schedule (`splitrl.schedule`) decides when each happens and moves
-the messages. Per iteration: `begin_rollout`, then `observe` / `step` for every
-rollout step and `end_rollout`; in training `forward` / `backward` /
-`optimizer_step` for every minibatch, the exchange (`splitrl.stages.exchange`)
-turning the forward's output into a message and the reply into a gradient.
+the messages. Per iteration: `begin_rollout`, then for every env group and step
+`observe` / `begin_step` / `finish_step` and a last `end_rollout`; in training
+`begin_training`, then `forward` / `backward` / `optimizer_step` for every
+minibatch, the exchange (`splitrl.stages.exchange`) turning the forward's output
+into a message and the reply into a gradient.
+
+The environments may be cut into groups that step in turn (the pipelined
+schedule: one group steps while stage1 acts for another), and the rollout may
+use its own copy of the encoder (the asynchronous schedule: the rollout of the
+next iteration acts while this one trains, and `publish` / `adopt` swap the
+trained weights in between two steps). With one group and no copy, every call
+is what the synchronous schedule makes.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
+import threading
 from typing import Any
 
 import numpy as np
@@ -35,100 +46,142 @@ EMA_DECAY = 0.9
 
 
 class Edge:
-    """Environments + the stage0 part of the network, its optimizer and its rollout storage."""
+    """Environments + the stage0 part of the network, its optimizer and its rollout storage.
+
+    `set_groups` cuts the envs into groups (each its own vector env of ``num_envs / groups``);
+    ``slots``: rollouts stored at once (2 when one trains while the next is collected);
+    ``acting_copy``: the rollout acts with a copy of the encoder that `adopt` updates.
+    """
 
     def __init__(self, settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None = None, *,
-                 vector: str = "sync") -> None:
+                 vector: str = "sync", slots: int = 1, acting_copy: bool = False) -> None:
         self.settings, self.spec, self.run_log = settings, spec, run_log
         self.vector = vector
         """'sync': the environments step in this process; 'async': in worker processes (`splitrl.envs.StepInTwo`)."""
         self.net, _ = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed, settings.ppo.init_log_std)
         self.params = list(self.net.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=settings.ppo.lr_encoder, eps=1e-5) if self.params else None
+        self.acting = copy.deepcopy(self.net).requires_grad_(False) if acting_copy else self.net
+        self.acting_version = 0
+        """Training iterations behind the weights the rollout acts with."""
+        self.published: tuple[int, nn.Module] | None = None
         n, t = settings.env.num_envs, settings.ppo.num_steps
-        self.obs = torch.zeros((t, n) + spec.obs_shape, dtype=torch.uint8)
+        self.buffers = [torch.zeros((t, n) + spec.obs_shape, dtype=torch.uint8) for _ in range(slots)]
+        self.obs = self.buffers[0]
+        """The observations of the rollout being collected (one slot of `buffers`)."""
         self.flat_obs = self.obs.view((-1,) + spec.obs_shape)
+        """The observations of the rollout being trained on, one row per sample (t * num_envs + env)."""
         self.codecs = CodecSet(**settings.codecs.specs())
-        self.all_envs = torch.arange(n)
         self.low, self.high = np.array(spec.action_low), np.array(spec.action_high)
         self.stacked = settings.env.frame_stack > 1
-        self.envs: Any = None
-        self.stepper: Any = None
-        self.action: np.ndarray | None = None
-        self.next_obs: np.ndarray | None = None
-        self.outcome: Payload = ({}, {})
-        """The last step's outcome: it rides on the next message."""
+        self.envs: list[Any] = []
+        self.steppers: list[Any] = []
+        self.next_obs: list[np.ndarray] = []
+        self.set_groups(1)
         self.global_step = 0
         self.iteration = 0
+        """The iteration being collected."""
+        self.train_iteration = 0
+        """The iteration being trained on."""
         self.ema_return: float | None = None
         self.returns: list[float] = []
-        """Returns of the episodes finished in this iteration."""
+        """Returns of the episodes finished since `take_returns` last took them."""
+        self._returns_lock = threading.Lock()  # the asynchronous schedule takes them from its training thread
 
     @property
     def trains(self) -> bool:
         """Whether stage0 holds parameters (with the cut before the first layer, stage1 trains alone)."""
         return self.optimizer is not None
 
+    @property
+    def train_step(self) -> int:
+        """Env steps collected when the rollout being trained on ended (codecs' warm starts count these)."""
+        return self.train_iteration * self.settings.steps_per_iteration
+
     # -- environments ----------------------------------------------------------------
+    def set_groups(self, groups: int) -> None:
+        """Cut the envs into ``groups`` equal groups that step in turn (before `open_envs`)."""
+        n = self.settings.env.num_envs
+        if groups < 1 or n % groups or self.envs:
+            raise ValueError(f"{n} envs do not split into {groups} equal groups (or the envs are open already)")
+        size = n // groups
+        self.groups = [torch.arange(g * size, (g + 1) * size) for g in range(groups)]
+        """Each group's env indices in the rollout batch."""
+        self.actions: list[np.ndarray | None] = [None] * groups
+        self.outcome: list[Payload] = [({}, {}) for _ in range(groups)]
+        """Each group's last outcome: it rides on the group's next message."""
+
     def open_envs(self) -> None:
+        """Each group's vector env, reset so that env i has seed ``seed + i`` whatever the grouping."""
         s = self.settings
-        self.envs, self.stepper = make_vector_env(s.env, vector=self.vector, reward_clip=s.ppo.reward_clip,
-                                                  reward_gamma=s.ppo.gamma if s.ppo.norm_reward else None)
-        self.next_obs, _ = self.envs.reset(seed=s.seed)
+        group_env = dataclasses.replace(s.env, num_envs=len(self.groups[0]))
+        for envs in self.groups:
+            env, stepper = make_vector_env(group_env, vector=self.vector, reward_clip=s.ppo.reward_clip,
+                                           reward_gamma=s.ppo.gamma if s.ppo.norm_reward else None)
+            self.envs.append(env)
+            self.steppers.append(stepper)
+            self.next_obs.append(env.reset(seed=s.seed + int(envs[0]))[0])
 
     def close(self) -> None:
-        if self.envs is not None:
-            self.envs.close()
-            self.envs = None
+        for env in self.envs:
+            env.close()
+        self.envs, self.steppers = [], []
 
     # -- rollout ---------------------------------------------------------------------
     def begin_rollout(self, iteration: int) -> None:
         self.iteration = iteration
-        self.returns = []
-        self.codecs.new_iteration()
+        self.obs = self.buffers[iteration % len(self.buffers)]
+        self.codecs.new_iteration("rollout")
+
+    def adopt(self) -> int:
+        """Act with the newest published weights from now on; returns the version acting."""
+        published = self.published
+        if published is not None and published[0] > self.acting_version:
+            self.acting_version, self.acting = published
+        return self.acting_version
 
     def encode(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return self.net(torch.as_tensor(obs))
+            return self.acting(torch.as_tensor(obs))
 
-    def observe(self, t: int) -> Payload:
-        """Step ``t``'s message: the current observation stored and encoded, after the last step's outcome."""
-        n = self.settings.env.num_envs
-        obs = torch.as_tensor(to_chw(self.next_obs, self.stacked))
-        self.obs[t] = obs
-        tensors, header = self.outcome
-        ctx = Context(idx=t * n + self.all_envs, envs=self.all_envs, global_step=self.global_step)
+    def observe(self, t: int, g: int = 0) -> Payload:
+        """Group ``g``'s step ``t`` message: its observation stored and encoded, after its last outcome."""
+        n, envs = self.settings.env.num_envs, self.groups[g]
+        obs = torch.as_tensor(to_chw(self.next_obs[g], self.stacked))
+        self.obs[t, envs[0]: envs[-1] + 1] = obs
+        tensors, header = self.outcome[g]
+        ctx = Context(idx=t * n + envs, envs=envs, global_step=self.global_step)
         self.codecs.pack("rollout", "features", self.encode(obs), ctx, tensors, header)
-        header["t"] = t
         return tensors, header
 
-    def step(self, msg: Message) -> None:
+    def step(self, msg: Message, g: int = 0) -> None:
         """Take stage1's ``action``: step the environments, log finished episodes, keep the outcome."""
-        self.begin_step(msg)
-        self.finish_step()
+        self.begin_step(msg, g)
+        self.finish_step(g)
 
-    def begin_step(self, msg: Message) -> None:
-        """Start stepping the environments with stage1's ``action`` (in their workers with ``vector='async'``)."""
-        action = tensor(msg, "action", (self.settings.env.num_envs, self.spec.action_dim), torch.float32)
-        self.action = to_env_action(action.numpy(), self.low, self.high, self.settings.env.action_map)
-        self.stepper.begin(self.action)
+    def begin_step(self, msg: Message, g: int = 0) -> None:
+        """Start stepping group ``g`` with stage1's ``action`` (in its workers with ``vector='async'``)."""
+        action = tensor(msg, "action", (len(self.groups[g]), self.spec.action_dim), torch.float32)
+        self.actions[g] = to_env_action(action.numpy(), self.low, self.high, self.settings.env.action_map)
+        self.steppers[g].begin(self.actions[g])
 
-    def finish_step(self) -> None:
-        """Wait for the step `begin_step` started; log finished episodes, keep the outcome for the next message."""
-        self.next_obs, reward, terminated, truncated, info = self.envs.step(self.action)
-        self.global_step += self.settings.env.num_envs
-        self._episodes(info)
-        self.outcome = self._outcome(reward, terminated, truncated, info)
+    def finish_step(self, g: int = 0) -> None:
+        """Wait for group ``g``'s step; log finished episodes, keep the outcome for its next message."""
+        self.next_obs[g], reward, terminated, truncated, info = self.envs[g].step(self.actions[g])
+        self.global_step += len(self.groups[g])
+        self._episodes(info, g)
+        self.outcome[g] = self._outcome(reward, terminated, truncated, info, g)
 
-    def end_rollout(self) -> Payload:
-        """``rollout_end``: the last outcome and the features of the observation to bootstrap from."""
-        tensors, header = self.outcome
-        ctx = Context(envs=self.all_envs, global_step=self.global_step)
-        self.codecs.pack("rollout", "features", self.encode(to_chw(self.next_obs, self.stacked)), ctx, tensors, header)
-        self.outcome = ({}, {})
+    def end_rollout(self, g: int = 0) -> Payload:
+        """Group ``g``'s ``rollout_end``: its last outcome and the features of the observation to bootstrap from."""
+        tensors, header = self.outcome[g]
+        ctx = Context(envs=self.groups[g], global_step=self.global_step)
+        features = self.encode(to_chw(self.next_obs[g], self.stacked))
+        self.codecs.pack("rollout", "features", features, ctx, tensors, header)
+        self.outcome[g] = ({}, {})
         return tensors, header
 
-    def _outcome(self, reward, terminated, truncated, info) -> Payload:
+    def _outcome(self, reward, terminated, truncated, info, g: int) -> Payload:
         out = {
             "reward": torch.as_tensor(reward, dtype=torch.float32),
             "terminated": torch.as_tensor(terminated, dtype=torch.bool),
@@ -138,29 +191,40 @@ class Edge:
         bootstrap = np.flatnonzero(np.asarray(truncated) & ~np.asarray(terminated))
         if len(bootstrap):
             final = np.stack([info["final_obs"][i] for i in bootstrap])
-            index = torch.as_tensor(bootstrap, dtype=torch.int64)
+            index = torch.as_tensor(bootstrap, dtype=torch.int64)  # within the group
             # Packed before the next step's features: stateful codecs see each env's frames in order.
-            ctx = Context(envs=index, global_step=self.global_step)
+            ctx = Context(envs=self.groups[g][index], global_step=self.global_step)
             self.codecs.pack("rollout", "final_features", self.encode(to_chw(final, self.stacked)), ctx, out, header)
             out["final_index"] = index
         return out, header
 
-    def _episodes(self, info: dict[str, Any]) -> None:
+    def _episodes(self, info: dict[str, Any], g: int) -> None:
         if "episode" not in info:
             return
         for i in np.flatnonzero(info["_episode"]):
             r, length = float(info["episode"]["r"][i]), int(info["episode"]["l"][i])
             self.ema_return = r if self.ema_return is None else EMA_DECAY * self.ema_return + (1 - EMA_DECAY) * r
-            self.returns.append(r)
+            with self._returns_lock:
+                self.returns.append(r)
             if self.run_log is not None:
-                self.run_log.episode({"global_step": self.global_step, "iteration": self.iteration, "env": int(i),
-                                      "return": r, "length": length, "ema_return": self.ema_return})
+                self.run_log.episode({"global_step": self.global_step, "iteration": self.iteration,
+                                      "env": int(self.groups[g][i]), "return": r, "length": length,
+                                      "ema_return": self.ema_return})
+
+    def take_returns(self) -> list[float]:
+        """The returns of the episodes finished since the last call."""
+        with self._returns_lock:
+            returns, self.returns = self.returns, []
+        return returns
 
     # -- training --------------------------------------------------------------------
-    def minibatches(self) -> list[list[torch.Tensor]]:
-        """This iteration's minibatch indices, per epoch: the same on both stages."""
+    def begin_training(self, iteration: int) -> list[list[torch.Tensor]]:
+        """Train on ``iteration``'s rollout from now on; its minibatch indices per epoch (the same on both stages)."""
+        self.train_iteration = iteration
+        self.flat_obs = self.buffers[iteration % len(self.buffers)].view((-1,) + self.spec.obs_shape)
+        self.codecs.new_iteration("fwd", "bwd")
         ppo = self.settings.ppo
-        return minibatch_schedule(self.settings.seed, self.iteration, ppo.epochs, self.flat_obs.shape[0], ppo.minibatches)
+        return minibatch_schedule(self.settings.seed, iteration, ppo.epochs, self.flat_obs.shape[0], ppo.minibatches)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """The current encoder on the stored observations of samples ``idx``, with its graph."""
@@ -175,10 +239,13 @@ class Edge:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def publish(self) -> None:
+        """The trained weights as the rollout's next acting copy (it takes them at its next `adopt`)."""
+        self.published = (self.train_iteration, copy.deepcopy(self.net).requires_grad_(False))
+
     def state_dict(self) -> dict[str, Any]:
         return {
-            "iteration": self.iteration,
+            "iteration": self.train_iteration,
             "net": self.net.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
         }
-

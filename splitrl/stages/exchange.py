@@ -76,8 +76,10 @@ class LearnerExchange:
         self.learner = learner
         self.codecs: CodecSet = learner.codecs
 
-    def learn(self, msg: Message, idx: torch.Tensor) -> Payload:
-        """Back-propagate the loss of samples ``idx`` into the heads; ``train_bwd``'s contents."""
+    def learn(self, msg: Message, idx: torch.Tensor, minibatch: torch.Tensor | None = None) -> Payload:
+        """Back-propagate the loss of samples ``idx`` into the heads; ``train_bwd``'s contents.
+
+        ``minibatch``: the whole minibatch when ``idx`` is one micro-batch of it (see `Learner.loss`)."""
         raise NotImplementedError
 
     def update(self, epoch: int | None = None, mb: int | None = None) -> Payload | None:
@@ -88,20 +90,20 @@ class LearnerExchange:
 class FeaturesEdge(EdgeExchange):
     def send(self, features: torch.Tensor, idx: torch.Tensor) -> tuple[Sent, Payload]:
         tensors, header = {}, {}
-        ctx = Context(idx=idx, global_step=self.edge.global_step)
+        ctx = Context(idx=idx, global_step=self.edge.train_step)
         seen = self.codecs.pack("fwd", "features", features.detach(), ctx, tensors, header)
         # The gradient is zero wherever stage1's view of a ReLU feature is (the ef codec sends only the rest).
         return Sent(features, Context(idx=idx, mask=seen != 0, global_step=ctx.global_step)), (tensors, header)
 
 
 class FeaturesLearner(LearnerExchange):
-    def learn(self, msg: Message, idx: torch.Tensor) -> Payload:
+    def learn(self, msg: Message, idx: torch.Tensor, minibatch: torch.Tensor | None = None) -> Payload:
         learner = self.learner
-        step = learner.global_step(learner.settings.ppo.num_steps)
+        step = learner.train_step
         seen = self.codecs.unpack("fwd", "features", msg.tensors, msg.header, Context(idx=idx, global_step=step),
                                   (len(idx), learner.feature_dim), torch.float32)
         x = seen.detach().requires_grad_()
-        learner.loss(idx, *learner.heads.outputs(x)).backward()
+        learner.loss(idx, *learner.heads.outputs(x), minibatch).backward()
         tensors, header = {}, {}
         self.codecs.pack("bwd", "grad", x.grad, Context(idx=idx, mask=seen != 0, global_step=step), tensors, header)
         return tensors, header

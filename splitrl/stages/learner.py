@@ -2,12 +2,23 @@
 
 `Learner` owns no link (Sample Factory's learner/worker split): it acts on the
 rollout messages stage0 sends, finishes the rollout with GAE, and takes one PPO
-loss per minibatch from whatever the training exchange hands it
-(`splitrl.stages.exchange`). A schedule (`splitrl.schedule`) decides when.
+loss per minibatch (or per micro-batch of one) from whatever the training
+exchange hands it (`splitrl.stages.exchange`). A schedule (`splitrl.schedule`)
+decides when.
+
+As on stage0 (`splitrl.stages.edge`), the envs may come in groups, two rollouts
+may be stored at once, and the rollout may act with its own copy of the heads:
+the asynchronous schedule acts with the newest finished policy while the next
+one trains, so a sample may have been acted on by an older policy than the one
+that trains on it. Each sample's acting version is kept; `begin_training` gives
+such samples truncated importance weights for their value targets (V-trace style,
+`splitrl.ppo.compute_gae`), and PPO's ratio is always taken against the
+log-probability of the policy that acted.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections import defaultdict
 from typing import Any
@@ -17,7 +28,7 @@ from torch import nn
 
 from ..codecs import CodecSet, Context
 from ..envs import EnvSpec
-from ..models import build_agent
+from ..models import ActorCriticHeads, build_agent
 from ..ppo import RolloutBuffer, explained_variance, minibatch_schedule, ppo_loss
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
@@ -32,26 +43,59 @@ class Learner:
     """Heads + PPO. With the cut before the first layer it also keeps the rollout's
     inputs and trains alone (`train_alone`); otherwise each minibatch's inputs arrive."""
 
-    def __init__(self, settings: TrainSettings, spec: EnvSpec) -> None:
+    def __init__(self, settings: TrainSettings, spec: EnvSpec, *, slots: int = 1, acting_copy: bool = False) -> None:
         self.settings, self.spec = settings, spec
         ppo = settings.ppo
         stage0_net, self.heads = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed, ppo.init_log_std)
         self.params = list(self.heads.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=ppo.lr_heads, eps=1e-5)
         self.generator = torch.Generator().manual_seed(settings.seed)
+        self.acting: ActorCriticHeads = copy.deepcopy(self.heads).requires_grad_(False) if acting_copy else self.heads
+        self.acting_version = 0
+        self.published: dict[int, ActorCriticHeads] = {}
         n, t = settings.env.num_envs, ppo.num_steps
-        self.buffer = RolloutBuffer(t, n, spec.action_dim)
+        self.set_groups(1)
+        self.buffers = [RolloutBuffer(t, n, spec.action_dim) for _ in range(slots)]
+        self.buffer = self.buffers[0]
+        """The rollout being collected."""
+        self.train_buffer = self.buffers[0]
+        """The rollout being trained on."""
         self.trains_alone = not any(True for _ in stage0_net.parameters())
-        self.inputs = torch.zeros((t, n) + spec.obs_shape, dtype=torch.uint8) if self.trains_alone else None
         self.feature_dim = self.heads.critic[0].in_features
+        # Stored rollout inputs: pixels when stage1 trains alone; with an acting copy, the features,
+        # so that samples an older policy acted on can be scored by the one that trains.
+        keep = (t, n) + spec.obs_shape if self.trains_alone else (t, n, self.feature_dim) if acting_copy else None
+        keep_dtype = torch.uint8 if self.trains_alone else torch.float32
+        self.inputs = [torch.zeros(keep, dtype=keep_dtype) for _ in range(slots)] if keep else None
+        self.versions = [torch.zeros((t, n), dtype=torch.int64) for _ in range(slots)]
+        self.last_values = [torch.zeros(n) for _ in range(slots)]
         self.codecs = CodecSet(**settings.codecs.specs())
-        self.all_envs = torch.arange(n)
         self.iteration = 0
+        """The iteration being collected."""
+        self.train_iteration = 0
+        """The iteration being trained on."""
         self.stats: dict[str, list[float]] = defaultdict(list)
+        self.staleness: dict[str, float] = {}
+
+    def set_groups(self, groups: int) -> None:
+        """Expect the envs in ``groups`` equal groups that step in turn (stage0's ``plan``)."""
+        n = self.settings.env.num_envs
+        if groups < 1 or n % groups:
+            raise ValueError(f"{n} envs do not split into {groups} equal groups")
+        size = n // groups
+        self.groups = [slice(g * size, (g + 1) * size) for g in range(groups)]
+
+    def _slot(self, iteration: int) -> int:
+        return iteration % len(self.buffers)
 
     def global_step(self, t: int = 0) -> int:
-        """stage0's env-step count when it sent rollout step ``t`` of this iteration."""
+        """stage0's env-step count when it sent rollout step ``t`` of the iteration being collected."""
         return (self.iteration - 1) * self.settings.steps_per_iteration + t * self.settings.env.num_envs
+
+    @property
+    def train_step(self) -> int:
+        """Env steps collected when the rollout being trained on ended (codecs' warm starts count these)."""
+        return self.train_iteration * self.settings.steps_per_iteration
 
     def _input(self, msg: Message, ctx: Context, name: str = "features") -> torch.Tensor:
         """Decode stage0's rollout features (pixels with the cut before the first layer) for ``ctx``'s rows."""
@@ -65,33 +109,51 @@ class Learner:
     # -- rollout ---------------------------------------------------------------------
     def begin_rollout(self, iteration: int) -> None:
         self.iteration = iteration
-        self.codecs.new_iteration()
+        self.buffer = self.buffers[self._slot(iteration)]
+        self.codecs.new_iteration("rollout")
 
-    def act(self, t: int, msg: Message) -> Payload:
-        """Record the outcome that rides on step ``t``'s message, then sample the policy's action."""
-        n = self.settings.env.num_envs
+    def adopt(self, version: int) -> None:
+        """Act with the heads of ``version`` (stage0 says when it switched its encoder)."""
+        if version == self.acting_version:
+            return
+        heads = self.published.get(version)
+        if heads is None:
+            raise ProtocolError(f"step: stage0 acts with policy version {version}; stage1 has published "
+                                f"{sorted(self.published) or 'none'} after acting with {self.acting_version}")
+        self.acting, self.acting_version = heads, version
+        for old in [v for v in list(self.published) if v < version]:  # list(): publish() may add meanwhile
+            del self.published[old]
+
+    def act(self, t: int, msg: Message, g: int = 0) -> Payload:
+        """Record the outcome that rides on group ``g``'s step ``t``, then sample the policy's action."""
+        n, envs = self.settings.env.num_envs, self.groups[g]
+        rows = torch.arange(envs.start, envs.stop)
         with torch.no_grad():
             if t > 0:
-                self._record_outcome(t - 1, msg)
-            ctx = Context(idx=t * n + self.all_envs, envs=self.all_envs, global_step=self.global_step(t))
+                self._record_outcome(t - 1, msg, g)
+            ctx = Context(idx=t * n + rows, envs=rows, global_step=self.global_step(t))
             x = self._input(msg, ctx)
-            u, logprob, _, value = self.heads.get_action_and_value(x, generator=self.generator)
-        self.buffer.add(t, actions=u, logprobs=logprob, values=value)
+            u, logprob, _, value = self.acting.get_action_and_value(x, generator=self.generator)
+        self.buffer.add(t, actions=u, logprobs=logprob, values=value, envs=envs)
+        slot = self._slot(self.iteration)
         if self.inputs is not None:
-            self.inputs[t] = x
-        return {"action": torch.tanh(u)}, {"t": t}
+            self.inputs[slot][t, envs] = x
+        # Without a copy the heads act as they are: trained iteration - 1 times.
+        self.versions[slot][t, envs] = self.acting_version if self.acting is not self.heads else self.iteration - 1
+        return {"action": torch.tanh(u)}, {}
 
-    def end_rollout(self, msg: Message) -> None:
-        """The last outcome and the bootstrap value: advantages and returns for the whole rollout."""
+    def end_rollout(self, msg: Message, g: int = 0) -> None:
+        """Group ``g``'s last outcome and the value of the observation it bootstraps from."""
         ppo = self.settings.ppo
         with torch.no_grad():
-            self._record_outcome(ppo.num_steps - 1, msg)
-            ctx = Context(envs=self.all_envs, global_step=self.global_step(ppo.num_steps))
-            last_value = self.heads.get_value(self._input(msg, ctx))
-        self.buffer.finish(last_value, ppo.gamma, ppo.gae_lambda)
+            self._record_outcome(ppo.num_steps - 1, msg, g)
+            rows = torch.arange(self.groups[g].start, self.groups[g].stop)
+            ctx = Context(envs=rows, global_step=self.global_step(ppo.num_steps))
+            self.last_values[self._slot(self.iteration)][self.groups[g]] = self.acting.get_value(self._input(msg, ctx))
 
-    def _record_outcome(self, step: int, msg: Message) -> None:
-        n = self.settings.env.num_envs
+    def _record_outcome(self, step: int, msg: Message, g: int) -> None:
+        envs = self.groups[g]
+        n = envs.stop - envs.start
         reward = tensor(msg, "reward", (n,), torch.float32)
         terminated = tensor(msg, "terminated", (n,), torch.bool)
         truncated = tensor(msg, "truncated", (n,), torch.bool)
@@ -100,28 +162,61 @@ class Learner:
             index = msg.tensors["final_index"]
             if index.dtype != torch.int64 or index.dim() != 1 or not bool(((index >= 0) & (index < n)).all()):
                 raise ProtocolError(f"{msg.kind}: final_index: expected int64 env indices in [0, {n}), got {index}")
-            ctx = Context(envs=index, global_step=self.global_step(step + 1))
-            final_values[index] = self.heads.get_value(self._input(msg, ctx, "final_features"))
-        self.buffer.add_outcome(step, rewards=reward, terminated=terminated, truncated=truncated, final_values=final_values)
+            ctx = Context(envs=index + envs.start, global_step=self.global_step(step + 1))
+            final_values[index] = self.acting.get_value(self._input(msg, ctx, "final_features"))
+        self.buffer.add_outcome(step, rewards=reward, terminated=terminated, truncated=truncated,
+                                final_values=final_values, envs=envs)
 
     # -- training --------------------------------------------------------------------
-    def minibatches(self) -> list[list[torch.Tensor]]:
-        """This iteration's minibatch indices, per epoch: the same on both stages."""
-        ppo = self.settings.ppo
-        return minibatch_schedule(self.settings.seed, self.iteration, ppo.epochs, self.buffer.batch_size, ppo.minibatches)
+    def begin_training(self, iteration: int) -> list[list[torch.Tensor]]:
+        """Advantages and returns of ``iteration``'s rollout; its minibatch indices per epoch (as on stage0).
 
-    def loss(self, idx: torch.Tensor, mean: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        """The PPO loss of samples ``idx`` given the heads' outputs on their inputs; its statistics are kept."""
-        b, ppo = self.buffer, self.settings.ppo
+        Samples acted on by an older policy than the one training (the asynchronous
+        schedule) get importance weights min(1, pi / mu) in their value targets, pi
+        taken by the current heads on the features the rollout sent.
+        """
+        ppo, slot = self.settings.ppo, self._slot(iteration)
+        self.train_iteration = iteration
+        self.train_buffer = buffer = self.buffers[slot]
+        lag = (iteration - 1) - self.versions[slot]
+        weights = None
+        if bool((lag > 0).any()):
+            inputs = self.inputs[slot].reshape((-1,) + self.inputs[slot].shape[2:])
+            actions = buffer.actions.reshape(-1, self.spec.action_dim)
+            with torch.no_grad():
+                logprob = torch.cat([self.heads.get_action_and_value(inputs[rows], actions[rows])[1]
+                                     for rows in torch.arange(len(inputs)).split(512)])
+            ratio = (logprob.reshape(lag.shape) - buffer.logprobs).exp()
+            weights = torch.where(lag > 0, ratio.clamp(max=1.0), torch.ones_like(ratio))
+        buffer.finish(self.last_values[slot], ppo.gamma, ppo.gae_lambda, weights)
+        if self.acting is not self.heads:
+            self.staleness = {"async/staleness_mean": float(lag.float().mean()), "async/staleness_max": float(lag.max())}
+        self.codecs.new_iteration("fwd", "bwd")
+        return minibatch_schedule(self.settings.seed, iteration, ppo.epochs, buffer.batch_size, ppo.minibatches)
+
+    def loss(self, idx: torch.Tensor, mean: torch.Tensor, value: torch.Tensor,
+             minibatch: torch.Tensor | None = None) -> torch.Tensor:
+        """The PPO loss of samples ``idx`` given the heads' outputs on their inputs; its statistics are kept.
+
+        ``minibatch``: the whole minibatch when ``idx`` is one micro-batch of it: advantages are
+        normalised over the minibatch and the loss weighted by the micro-batch's share, so the
+        micro-batches' gradients add up to the minibatch's.
+        """
+        b, ppo = self.train_buffer, self.settings.ppo
+        whole = idx if minibatch is None else minibatch
+        advantages = b.b_advantages[idx]
+        if ppo.norm_adv:
+            everything = b.b_advantages[whole]
+            advantages = (advantages - everything.mean()) / (everything.std() + 1e-8)
         _, newlogprob, entropy, newvalue = self.heads.evaluate(mean, value, b.b_actions[idx])
         loss, stats = ppo_loss(
-            newlogprob, b.b_logprobs[idx], b.b_advantages[idx], newvalue, b.b_values[idx], b.b_returns[idx], entropy,
+            newlogprob, b.b_logprobs[idx], advantages, newvalue, b.b_values[idx], b.b_returns[idx], entropy,
             clip_coef=ppo.clip_coef, vf_coef=ppo.vf_coef, ent_coef=ppo.ent_coef,
-            clip_vloss=ppo.clip_vloss, norm_adv=ppo.norm_adv,
+            clip_vloss=ppo.clip_vloss, norm_adv=False,
         )
         for key, v in stats.items():
             self.stats[key].append(v)
-        return loss
+        return loss if minibatch is None else loss * (len(idx) / len(minibatch))
 
     def optimizer_step(self) -> None:
         nn.utils.clip_grad_norm_(self.params, self.settings.ppo.max_grad_norm)
@@ -130,17 +225,24 @@ class Learner:
 
     def train_alone(self, minibatches: list[torch.Tensor]) -> None:
         """One epoch on the stored rollout inputs (the cut before the first layer: no traffic)."""
-        flat = self.inputs.reshape((-1,) + self.spec.obs_shape)
+        flat = self.inputs[self._slot(self.train_iteration)].reshape((-1,) + self.spec.obs_shape)
         for idx in minibatches:
             self.loss(idx, *self.heads.outputs(flat[idx])).backward()
             self.optimizer_step()
 
+    def publish(self) -> None:
+        """The trained heads as the acting copy of version `train_iteration` (taken at stage0's word: `adopt`)."""
+        self.published[self.train_iteration] = copy.deepcopy(self.heads).requires_grad_(False)
+
     def iteration_stats(self) -> dict[str, Any]:
-        """Mean losses over the iteration's minibatches and the explained variance; starts the next count."""
+        """Mean losses over the iteration's minibatches, the explained variance, the staleness; starts the next count."""
         stats: dict[str, Any] = {k: sum(v) / len(v) for k, v in self.stats.items() if v}
-        stats["losses/explained_variance"] = explained_variance(self.buffer.b_values, self.buffer.b_returns)
+        b = self.train_buffer
+        stats["losses/explained_variance"] = explained_variance(b.b_values, b.b_returns)
+        stats.update(self.staleness)
         self.stats.clear()
         return stats
 
     def state_dict(self) -> dict[str, Any]:
-        return {"iteration": self.iteration, "heads": self.heads.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {"iteration": self.train_iteration, "heads": self.heads.state_dict(),
+                "optimizer": self.optimizer.state_dict()}

@@ -18,6 +18,13 @@ Per iteration (the synchronous schedule, `splitrl.schedule.sync`, sends them in 
             stage1 -> iter_stats header {losses/..., time/heads, cpu/stage1}
   the end   stage0 -> close
 
+The pipelined and asynchronous schedules (`splitrl.schedule.pipelined`,
+`splitrl.schedule.asynchronous`) send the same kinds with ``g`` (the env group) in
+the rollout's headers, ``j`` (the micro-batch) in training's and ``v`` (the acting
+policy's version) in the asynchronous rollout's, after a short start: stage0
+-> ``ping`` {i} / stage1 -> ``pong`` {i} (five round trips, timed), then stage0
+-> ``plan`` {rollout_groups}.
+
 A ``step`` at t > 0 carries the outcome of the action taken at t - 1; the last
 outcome of an iteration rides on ``rollout_end`` with the features of the
 observation to bootstrap from. ``final_features`` holds the encoded real last
@@ -43,7 +50,8 @@ STAGE0 = "stage0"
 STAGE1 = "stage1"
 
 KINDS = frozenset(
-    {"step", "action", "rollout_end", "heads", "train_fwd", "train_bwd", "iter_end", "progress", "iter_stats", "close"}
+    {"step", "action", "rollout_end", "heads", "train_fwd", "train_bwd", "iter_end", "progress", "iter_stats", "close",
+     "ping", "pong", "plan"}
 )
 
 LIMITS = WireLimits(kinds=KINDS)

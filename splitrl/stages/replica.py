@@ -197,7 +197,7 @@ class ReplicaEdge(EdgeExchange):
     def send(self, features: torch.Tensor, idx: torch.Tensor) -> tuple[Sent, Payload]:
         out = _outputs(self.replica, features)
         tensors, header = {}, {}
-        ctx = Context(idx=idx, global_step=self.edge.global_step)
+        ctx = Context(idx=idx, global_step=self.edge.train_step)
         self.codecs.pack("fwd", "outputs", out.detach() - self._view_outputs(idx), ctx, tensors, header)
         return Sent(out, ctx), (tensors, header)
 
@@ -236,20 +236,20 @@ class ReplicaLearner(LearnerExchange):
         self.sync = HeadsSync(replicated(learner.heads), self.exchange.sync)
         self.view = self.codecs.rollout_view()
 
-    def learn(self, msg: Message, idx: torch.Tensor) -> Payload:
+    def learn(self, msg: Message, idx: torch.Tensor, minibatch: torch.Tensor | None = None) -> Payload:
         learner = self.learner
-        ctx = Context(idx=idx, global_step=learner.global_step(learner.settings.ppo.num_steps))
+        ctx = Context(idx=idx, global_step=learner.train_step)
         width = learner.spec.action_dim + 1
         change = self.codecs.unpack("fwd", "outputs", msg.tensors, msg.header, ctx, (len(idx), width), torch.float32)
         offset = _finite(change, "the outputs' change").requires_grad_()
         mean, value = learner.heads.outputs(self.view.rows(idx, (len(idx), learner.feature_dim)))
-        learner.loss(idx, mean + offset[:, :-1], value + offset[:, -1]).backward()
+        learner.loss(idx, mean + offset[:, :-1], value + offset[:, -1], minibatch).backward()
         tensors, header = {}, {}
         self.codecs.pack("bwd", "grad", offset.grad, ctx, tensors, header)
         return tensors, header
 
     def update(self, epoch: int | None = None, mb: int | None = None) -> Payload | None:
-        heads, iteration = self.learner.heads, self.learner.iteration
+        heads, iteration = self.learner.heads, self.learner.train_iteration
         if epoch is None:  # after the rollout: everything, before stage0 trains
             return self.sync.encode(replicated(heads)), {"iteration": iteration}
         ppo = self.learner.settings.ppo

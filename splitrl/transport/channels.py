@@ -90,16 +90,17 @@ class Channels:
             except TransportTimeout:
                 continue  # each channel's own recv times out; this thread only keeps reading
             except BaseException as exc:
-                self._fail(exc)
+                self.fail(exc)
                 return
             name = self.routes.get(msg.kind)
             if name is None:
-                self._fail(ProtocolError(f"from {self.link.peer}: no channel takes {msg.kind!r} "
+                self.fail(ProtocolError(f"from {self.link.peer}: no channel takes {msg.kind!r} "
                                          f"(expected one of {', '.join(sorted(self.routes))})"))
                 return
             self.channels[name].inbox.put(msg)
 
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
+        """Make every channel's next ``recv`` raise ``exc`` (the link, or a thread using it, has failed)."""
         for channel in self.channels.values():
             channel.inbox.put(exc)
 

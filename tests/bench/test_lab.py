@@ -151,6 +151,28 @@ def test_lab_leaves_nothing_behind(lab_run):
 
 
 @needs_netns
+def test_a_delay_works_without_netem_through_the_relay_and_the_lab_measures_it(tmp_path, no_leftovers):
+    """This kernel has no netem: the rate goes to tbf and 10 ms each way to the TCP relay. The lab and the
+    pipelined schedule both measure the round trip; each must see at least the 20 ms it was given."""
+    names = LabNames.random()
+    no_leftovers.extend(names.namespaces)
+    run_dir = str(tmp_path / "run")
+    lines: list[str] = []
+    args = [*TINY, "--num-envs", "2", "--rollout-groups", "2", "--total-steps", "128", "--run-dir", run_dir,
+            "--timeout", "60"]
+    result = run_lab(args, run_dir, Shaping.parse("100mbit", "10ms"), measure_bytes=0, names=names,
+                     echo=lines.append)
+    assert result.codes == {"stage1": 0, "stage0": 0}, "\n".join(lines)
+    assert sorted(result.round_trip)[len(result.round_trip) // 2] >= 0.020
+    assert any("round trip stage0 -> stage1 -> stage0" in line and "20 ms set" in line for line in lines)
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["link/rtt_ms"] >= 20.0
+    uses_relay = any("relay" in note for applied in result.applied for note in applied.notes)
+    assert uses_relay or all(a.qdisc == "netem" for a in result.applied)  # a kernel with netem uses netem
+    assert not set(names.namespaces) & set(ip_netns_list())
+
+
+@needs_netns
 def test_lab_is_removed_when_a_stage_fails(tmp_path, no_leftovers):
     names = LabNames.random()
     no_leftovers.extend(names.namespaces)

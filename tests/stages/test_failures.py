@@ -56,10 +56,17 @@ def test_unreachable_peer_times_out_with_a_clear_error(tmp_path):
     assert time.monotonic() - start < 120
 
 
-def test_settings_mismatch_stops_both_sides_naming_the_setting(tmp_path, spawn):
+# Every schedule must fail as the synchronous one does (the pipelined one with two env groups and
+# micro-batches, the asynchronous one with its two threads a side).
+MODES = {"sync": [], "pipelined": ["--num-envs", "2", "--rollout-groups", "2", "--microbatches", "2"],
+         "async": ["--async", "--vector", "async"]}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_settings_mismatch_stops_both_sides_naming_the_setting(tmp_path, spawn, mode):
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
-    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(tmp_path), "--seed", "1", *TINY)
-    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(tmp_path), "--seed", "2", *TINY)
+    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(tmp_path), "--seed", "1", *TINY, *MODES[mode])
+    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(tmp_path), "--seed", "2", *TINY, *MODES[mode])
     code0, out0 = s0.finish(timeout=90)
     code1, out1 = s1.finish(timeout=30)
     assert code0 == 1 and code1 == 1
@@ -67,11 +74,12 @@ def test_settings_mismatch_stops_both_sides_naming_the_setting(tmp_path, spawn):
         assert "settings differ" in out and "seed: " in out
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("victim", ["stage0", "stage1"])
-def test_peer_dying_mid_run_makes_the_other_side_exit_nonzero(tmp_path, spawn, victim):
+def test_peer_dying_mid_run_makes_the_other_side_exit_nonzero(tmp_path, spawn, victim, mode):
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
     args = ["--run-dir", str(tmp_path), "--timeout", "3", "--start-timeout", "60",
-            "--total-steps", "4096", "--num-steps", "2048", "--threads", "1"]
+            "--total-steps", "4096", "--num-steps", "2048", "--threads", "1", *MODES[mode]]
     procs = {
         "stage1": spawn("stage1", "--bind", endpoint, *args),
         "stage0": spawn("stage0", "--connect", endpoint, *args),

@@ -25,10 +25,14 @@ def test_launcher_runs_a_split_training_to_the_end(tmp_path, spawn):
     assert not _leftovers(str(tmp_path))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupting_the_launcher_stops_both_stages(tmp_path, spawn, sig):
+@pytest.mark.parametrize("mode, sig", [("sync", signal.SIGINT), ("sync", signal.SIGTERM),
+                                       ("pipelined", signal.SIGINT), ("async", signal.SIGINT)])
+def test_interrupting_the_launcher_stops_both_stages(tmp_path, spawn, mode, sig):
+    from .test_failures import MODES
+
     run_dir = tmp_path / "run"
-    proc = spawn("run", "--run-dir", str(run_dir), "--total-steps", "100000", "--num-steps", "4096", "--threads", "1")
+    proc = spawn("run", "--run-dir", str(run_dir), "--total-steps", "100000", "--num-steps", "4096", "--threads", "1",
+                 *MODES[mode])
     proc.wait_for("stage0 connected", timeout=120)
     time.sleep(1)
     proc.popen.send_signal(sig)

@@ -1,0 +1,135 @@
+"""Pipeline benchmark: the paper configuration under each schedule, side by side, with and without latency.
+
+Every mode is a fresh split run (stage1 and stage0 as processes, the paper's
+4096 steps per iteration, 10 epochs of 32 minibatches of 128), each adding one
+mechanism to the row before (`MODES`). At 0 ms they run over loopback
+(`splitrl run`); at a given round trip they run in the lab (`splitrl.bench.lab`:
+two network namespaces, a shaped veth pair, the delay from netem or, where the
+kernel has none, the TCP delay relay), at ``rate``. The figures come from each
+run's metrics.jsonl, over the iterations after the first (which pays for
+start-up): seconds per iteration, steps/s, each stage's busy fraction (its
+process CPU seconds over wall seconds: 1.0 is one core's worth), stage0's wait on
+the link beyond stage1's compute, bytes per iteration and the asynchronous
+mode's staleness.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..launch import supervise
+from ..netem.tc import Shaping
+from ..runs import measured_records, read_metrics, summarise_run
+
+__all__ = ["MODES", "run_pipeline_bench", "pipeline_table"]
+
+PAIR = ["--num-envs", "2", "--num-steps", "2048"]
+"""4096 samples an iteration, as the paper's 1 x 4096, from two envs the groups can take turns with."""
+MODES: dict[str, list[str]] = {
+    "sync": [],
+    "+ async envs": ["--vector", "async"],
+    "+ pipelined rollout": ["--vector", "async", *PAIR, "--rollout-groups", "2"],
+    "+ micro-batches": ["--vector", "async", *PAIR, "--rollout-groups", "2", "--microbatches", "4"],
+    "+ async": ["--vector", "async", *PAIR, "--rollout-groups", "2", "--microbatches", "4", "--async"],
+}
+"""Each row adds one mechanism to the one before; 'sync' is today's schedule (1 env x 4096 steps)."""
+
+
+def _summary(mode: str, rtt_ms: float, run_dir: Path) -> dict[str, Any]:
+    summary = summarise_run(run_dir)
+    used = measured_records(read_metrics(run_dir))
+
+    def mean(f: Callable[[dict[str, Any]], float]) -> float:
+        return sum(f(r) for r in used) / len(used)
+
+    return {
+        "mode": mode,
+        "rtt_ms": rtt_ms,
+        "seconds_per_iteration": summary["seconds_per_iteration"],
+        "steps_per_second": summary["steps_per_second"],
+        "busy_stage0": mean(lambda r: r["cpu/stage0"] / r["time/iteration"]),
+        "busy_stage1": mean(lambda r: r["cpu/stage1"] / r["time/iteration"]),
+        "link_wait": summary["link_wait_per_iteration"],
+        "bytes_per_iteration": summary["bytes_per_iteration"],
+        "staleness_mean": mean(lambda r: r.get("async/staleness_mean", 0.0)),
+        "staleness_max": max(r.get("async/staleness_max", 0.0) for r in used),
+        "measured_rtt_ms": used[-1].get("link/rtt_ms"),
+        "iterations_used": len(used),
+        "run_dir": str(run_dir),
+    }
+
+
+def _run_loopback(args: Sequence[str], run_dir: Path, timeout: float) -> None:
+    log = run_dir.parent / f"{run_dir.name}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "splitrl", "run", "--run-dir", str(run_dir), *args],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        supervise([proc], grace=15.0, timeout=timeout, first_signal=signal.SIGINT, group=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{run_dir.name} failed (exit {proc.returncode}); its output: {log}")
+
+
+def _run_in_lab(args: Sequence[str], run_dir: Path, rtt_ms: float, rate: str, echo: Callable[[str], Any]) -> None:
+    from .lab import run_lab  # needs root; imported only when a round trip is asked for
+
+    shaping = Shaping.parse(rate, f"{rtt_ms / 2:g}ms")  # the delay applies each way
+    result = run_lab([*args, "--run-dir", str(run_dir)], str(run_dir), shaping, measure_bytes=0, echo=echo)
+    if result.code != 0:
+        raise RuntimeError(f"{run_dir.name} failed in the lab (stage1 exit {result.codes['stage1']}, "
+                           f"stage0 exit {result.codes['stage0']}); logs beside {run_dir}")
+
+
+def run_pipeline_bench(modes: Sequence[str] = tuple(MODES), rtts_ms: Sequence[float] = (0.0, 20.0),
+                       iterations: int = 2, rate: str = "100mbit", extra_args: Sequence[str] = (),
+                       out_dir: str | None = None, timeout: float = 7200.0,
+                       echo: Callable[[str], Any] = print) -> list[dict[str, Any]]:
+    """One row per (round trip, mode), modes in order; 0 ms over loopback, others in the lab."""
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    base = Path(out_dir or tempfile.mkdtemp(prefix="splitrl-pipeline-"))
+    base.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for rtt in rtts_ms:
+        for mode in modes:
+            name = f"{rtt:g}ms-{mode.lstrip('+ ').replace(' ', '-')}"
+            run_dir = base / name
+            args = ["--total-steps", str(4096 * iterations), "--checkpoint-every", "0", *MODES[mode], *extra_args]
+            echo(f"{name}: {' '.join(args)}")
+            if rtt:
+                _run_in_lab(args, run_dir, rtt, rate, echo)
+            else:
+                _run_loopback(args, run_dir, timeout)
+            rows.append(_summary(mode, rtt, run_dir))
+            echo(f"  {rows[-1]['seconds_per_iteration']:.1f} s/iteration")
+    return rows
+
+
+def pipeline_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown, one line per run; 'x sync' is steps/s over the synchronous run's at the same round trip."""
+    sync = {r["rtt_ms"]: r["steps_per_second"] for r in rows if r["mode"] == "sync"}
+    zero = {r["mode"]: r["seconds_per_iteration"] for r in rows if r["rtt_ms"] == 0}
+    lines = [
+        "| round trip | mode | s/iteration | steps/s | x sync | vs its 0 ms | busy stage0 | busy stage1 "
+        "| link wait s | MB/iteration | staleness mean / max | measured RTT ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for r in rows:
+        ref = sync.get(r["rtt_ms"])
+        ratio = f"{r['steps_per_second'] / ref:.2f}" if ref else ""
+        same = zero.get(r["mode"])
+        versus = f"{r['seconds_per_iteration'] / same:.2f}x" if same and r["rtt_ms"] else ""
+        rtt = "" if r["measured_rtt_ms"] is None else f"{r['measured_rtt_ms']:.2f}"
+        lines.append(
+            f"| {r['rtt_ms']:g} ms | {r['mode']} | {r['seconds_per_iteration']:.1f} | {r['steps_per_second']:.1f} "
+            f"| {ratio} | {versus} | {r['busy_stage0']:.2f} | {r['busy_stage1']:.2f} | {r['link_wait']:.1f} "
+            f"| {r['bytes_per_iteration'] / 1e6:.0f} | {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} | {rtt} |"
+        )
+    return "\n".join(lines)

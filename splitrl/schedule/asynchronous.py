@@ -1,0 +1,199 @@
+"""The asynchronous schedule: the rollout of iteration i + 1 runs while iteration i trains.
+
+Each stage runs two loops at once, on two threads, over one link cut into two
+channels (`splitrl.transport.channels`): the rollout thread runs
+`pipelined.stage0_rollout` / `stage1_rollout` with its own copy of the layers it
+acts with, the training thread `pipelined.stage0_train` / `stage1_train` on the
+layers it trains. When an iteration's training ends, both stages publish the
+trained layers (`Edge.publish`, `Learner.publish`) and stage0's rollout thread
+adopts them between two steps, tagging each step with the version it acted with
+(``v``); stage1's rollout thread adopts the heads of that version before it acts
+(PipelineRL's in-flight weight update: one rollout may span two versions). So
+the encoder and the heads that act on a step are always of one version.
+
+A sample acted on by version v and trained on in iteration i lags by
+``i - 1 - v`` versions. PPO's ratio is taken against the log-probability of the
+policy that acted (stored with the sample); its value targets get truncated
+importance weights where it lags (`Learner.begin_training`); ``async/staleness_mean``
+and ``async/staleness_max`` go to the metrics. ``--max-staleness S`` bounds the
+lag: the rollout of iteration i starts only once iteration i - 1 - S has trained
+(S + 1 rollouts are stored), so the rollouts are produced no faster than training
+consumes them. S = 0 takes turns, as the pipelined schedule does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from ..runs import RunLog
+from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
+from ..transport import ProtocolError, Transport
+from ..transport.channels import Channels
+from .common import IterationLog, PhaseClock, expect
+from .pipelined import (agree_on_groups, checkpoint_due, learn_groups, stage0_finish, stage0_rollout, stage0_train,
+                        stage1_finish, stage1_rollout, stage1_train)
+
+__all__ = ["stage0_loop", "stage1_loop", "STAGE0_ROUTES", "STAGE1_ROUTES"]
+
+STAGE0_ROUTES = {"action": "rollout", "train_bwd": "train", "heads": "train", "progress": "train", "iter_stats": "train"}
+"""What stage0 receives, by channel."""
+STAGE1_ROUTES = {"step": "rollout", "rollout_end": "rollout", "train_fwd": "train", "iter_end": "train",
+                 "close": "train"}
+"""What stage1 receives, by channel."""
+
+_WAIT_S = 0.5
+"""How often a waiting thread looks up to see whether the other one failed."""
+
+
+class _Progress:
+    """What the two threads of one stage tell each other: rollouts collected, iterations trained, a failure."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.collected = 0
+        self.trained = 0
+        self.error: BaseException | None = None
+
+    def wait(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not ready():
+                if self.error is not None:
+                    raise RuntimeError(f"stopped waiting for {what}: the other thread failed") from self.error
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"waited {timeout:g} s for {what}")
+                self.cond.wait(min(left, _WAIT_S))
+
+    def set(self, **values: Any) -> None:
+        with self.cond:
+            for key, value in values.items():
+                setattr(self, key, value)
+            self.cond.notify_all()
+
+    def fail(self, exc: BaseException, channels: Channels) -> None:
+        """Stop both threads: the first failure is the one reported; waits and receives raise from now on."""
+        with self.cond:
+            if self.error is None:
+                self.error = exc
+            self.cond.notify_all()
+        channels.fail(exc)
+
+
+def _run_collector(name: str, target: Callable[[], None], progress: _Progress, channels: Channels) -> threading.Thread:
+    def run() -> None:
+        try:
+            target()
+        except BaseException as exc:
+            progress.fail(exc, channels)  # wakes the training thread, whatever it waits on
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def _join(thread: threading.Thread, progress: _Progress, channels: Channels) -> None:
+    thread.join(timeout=10 + channels.link.timeout)
+    channels.close()
+    if progress.error is not None:
+        raise progress.error
+
+
+def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoint_every: int = 10) -> list[dict[str, Any]]:
+    """stage0: the rollout thread collects ahead of training within the staleness bound; returns the records."""
+    s = edge.settings
+    measured = agree_on_groups(edge, link)
+    edge.open_envs()
+    channels = Channels(link, STAGE0_ROUTES)
+    rollout_link, train_link = channels["rollout"], channels["train"]
+    progress = _Progress()
+    clocks: dict[int, PhaseClock] = {}
+    bound, timeout = s.schedule.max_staleness, link.timeout
+
+    def collect() -> None:
+        for iteration in range(1, s.num_iterations + 1):
+            progress.wait(lambda: progress.trained >= iteration - 1 - bound, timeout * s.num_iterations,
+                          f"iteration {iteration - 1 - bound} to train")
+            clocks[iteration] = PhaseClock()
+            stage0_rollout(edge, rollout_link, clocks[iteration], iteration, versions=True)
+            progress.set(collected=iteration)
+
+    collector = _run_collector("stage0 rollout", collect, progress, channels)
+    metrics = IterationLog(edge, train_link, extra=measured)
+    try:
+        for iteration in range(1, s.num_iterations + 1):
+            metrics.start()
+            progress.wait(lambda: progress.collected >= iteration, timeout * s.num_iterations,
+                          f"the rollout of iteration {iteration}")
+            clock = clocks.pop(iteration)
+            schedule = edge.begin_training(iteration)
+            if edge.trains:
+                stage0_train(edge, exchange, train_link, clock, schedule)
+            edge.publish()
+            progress.set(trained=iteration)
+            checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
+            metrics.end(iteration, clock, stage0_finish(edge, train_link, clock, iteration, checkpoint))
+    except BaseException as exc:  # Ctrl-C or a failure: the rollout thread stops too
+        progress.fail(exc, channels)
+        raise
+    finally:
+        _join(collector, progress, channels)
+    return metrics.records
+
+
+def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, run_log: RunLog | None = None) -> int:
+    """stage1: acts with the version each step names while the previous iteration trains; returns the iterations."""
+    s = learner.settings
+    learn_groups(learner, link)
+    channels = Channels(link, STAGE1_ROUTES)
+    rollout_link, train_link = channels["rollout"], channels["train"]
+    progress = _Progress()
+    acting_seconds: dict[int, float] = {}
+    bound = s.schedule.max_staleness
+
+    def adopt(version: Any) -> None:
+        if not isinstance(version, int) or version < 0:
+            raise ProtocolError(f"step: expected the acting version v >= 0, got {version!r}")
+        # stage0 publishes after its last optimizer step, which may come before ours: wait for it.
+        progress.wait(lambda: progress.trained >= version, link.timeout, f"policy version {version}")
+        learner.adopt(version)
+
+    def collect() -> None:
+        for iteration in range(1, s.num_iterations + 1):
+            # stage0 starts this rollout once it has trained iteration - 1 - bound (and it trains before we do)
+            progress.wait(lambda: progress.trained >= iteration - 1 - bound, link.timeout * s.num_iterations,
+                          f"iteration {iteration - 1 - bound} to train")
+            busy = PhaseClock()
+            stage1_rollout(learner, rollout_link, busy, iteration, adopt=adopt)
+            acting_seconds[iteration] = busy.seconds["heads"]
+            progress.set(collected=iteration)
+
+    collector = _run_collector("stage1 rollout", collect, progress, channels)
+    try:
+        for iteration in range(1, s.num_iterations + 1):
+            busy = PhaseClock()
+            cpu_start = time.process_time()
+            progress.wait(lambda: progress.collected >= iteration, link.timeout * s.num_iterations,
+                          f"the rollout of iteration {iteration}")
+            busy.seconds["heads"] += acting_seconds.pop(iteration)
+            with busy("heads"):
+                schedule = learner.begin_training(iteration)  # GAE, importance-weighted where samples lag
+            if not learner.trains_alone:
+                stage1_train(learner, exchange, train_link, busy, schedule)
+                with busy("heads"):
+                    learner.publish()
+                progress.set(trained=iteration)
+            stage1_finish(learner, train_link, busy, iteration, schedule, run_log, cpu_start)  # trains alone here
+            if learner.trains_alone:
+                with busy("heads"):
+                    learner.publish()
+                progress.set(trained=iteration)
+        expect(train_link, "close")
+    except BaseException as exc:  # Ctrl-C or a failure: the rollout thread stops too
+        progress.fail(exc, channels)
+        raise
+    finally:
+        _join(collector, progress, channels)
+    return s.num_iterations

@@ -1,0 +1,297 @@
+"""The pipelined schedule: both stages busy at once, the link's latency hidden behind work.
+
+The synchronous schedule (`sync.py`) makes each side wait for the other at every
+message. This one keeps several messages in flight, with the same messages and
+the same learning maths (docs/PROTOCOL.md section 11; ``g`` and ``j`` join the
+headers):
+
+- rollout: stage0's envs are cut into K groups (``--rollout-groups``) that take
+  turns, as in Sample Factory's double-buffered sampling: stage0 starts every
+  group it has an action for (their envs step in worker processes with
+  ``--vector async``), then finishes each in turn and sends its next step, so
+  stage1 acts for one group while the other groups' envs step. The policy is
+  fixed within a rollout and the order of the messages is fixed, so the twin with
+  the same K computes the same numbers bit for bit.
+- training: each minibatch goes in M micro-batches (``--microbatches``, GPipe):
+  stage0 sends each micro-batch's forward as soon as it is computed, so stage1's
+  heads work on micro-batch j while stage0 forwards j + 1; then stage0
+  back-propagates each gradient as it arrives. Gradients add up; one optimizer
+  step per minibatch on each side, so the update is the unpipelined one up to the
+  order of float sums.
+
+Before the first iteration stage0 measures the round trip (``ping``/``pong``)
+and, with ``--rollout-groups auto``, picks K >= 1 + RTT / (env step time) among
+the divisors of the env count; ``plan`` tells stage1 the K it chose.
+
+The rollout and training halves are functions of their own: the asynchronous
+schedule (`asynchronous.py`) runs the same ones on two threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..envs import make_single_env
+from ..runs import RunLog
+from ..stages import STAGE0, STAGE1, Edge, EdgeExchange, Learner, LearnerExchange
+from ..transport import ProtocolError, Transport
+from .common import IterationLog, PhaseClock, expect, iteration_stats
+
+__all__ = ["stage0_loop", "stage1_loop", "agree_on_groups", "learn_groups", "stage0_rollout", "stage1_rollout",
+           "stage0_train", "stage1_train", "choose_groups", "PINGS"]
+
+log = logging.getLogger(__name__)
+
+PINGS = 5
+"""Round trips timed before the first iteration; the fastest counts (the others met start-up noise)."""
+
+
+def choose_groups(num_envs: int, rtt: float, step_seconds: float) -> int:
+    """The fewest groups that hide the round trip (K >= 1 + RTT / step time), a divisor of ``num_envs``."""
+    wanted = 1 + math.ceil(rtt / max(step_seconds, 1e-6))
+    divisors = [k for k in range(1, num_envs + 1) if num_envs % k == 0]
+    return next((k for k in divisors if k >= wanted), divisors[-1])
+
+
+def _env_step_seconds(edge: Edge, steps: int = 20) -> float:
+    """Median time of one env step, on a throwaway env (the training envs' state is not touched)."""
+    env = make_single_env(edge.settings.env)
+    try:
+        env.reset(seed=edge.settings.seed + 10_007)
+        rng = np.random.default_rng(0)
+        times = []
+        for _ in range(steps):
+            action = rng.uniform(edge.low, edge.high).astype(np.float32)
+            start = time.perf_counter()
+            _, _, terminated, truncated, _ = env.step(action)
+            times.append(time.perf_counter() - start)
+            if terminated or truncated:
+                env.reset()
+    finally:
+        env.close()
+    return float(np.median(times))
+
+
+def agree_on_groups(edge: Edge, link: Transport) -> dict[str, Any]:
+    """stage0: time the round trip, choose the env groups, tell stage1 (``plan``); returns what it measured."""
+    rtts = []
+    for i in range(PINGS):
+        start = time.perf_counter()
+        link.send("ping", header={"i": i})
+        expect(link, "pong", i=i)
+        rtts.append(time.perf_counter() - start)
+    rtt = min(rtts)
+    groups = edge.settings.schedule.groups(edge.settings.env.num_envs)
+    step_seconds = None
+    if groups is None:
+        step_seconds = _env_step_seconds(edge)
+        groups = choose_groups(edge.settings.env.num_envs, rtt, step_seconds)
+    link.send("plan", header={"rollout_groups": groups})
+    edge.set_groups(groups)
+    log.info("[stage0] round trip %.2f ms; %d env group(s)%s", 1e3 * rtt, groups,
+             "" if step_seconds is None else f" (auto: env step {1e3 * step_seconds:.1f} ms)")
+    return {"link/rtt_ms": 1e3 * rtt, "schedule/rollout_groups": groups}
+
+
+def learn_groups(learner: Learner, link: Transport) -> int:
+    """stage1: answer the pings, take the ``plan``."""
+    for i in range(PINGS):
+        expect(link, "ping", i=i)
+        link.send("pong", header={"i": i})
+    groups = expect(link, "plan").header.get("rollout_groups")
+    wanted = learner.settings.schedule.groups(learner.settings.env.num_envs)
+    n = learner.settings.env.num_envs
+    if not isinstance(groups, int) or groups < 1 or n % groups or wanted not in (None, groups):
+        raise ProtocolError(f"plan: expected rollout_groups dividing {n}"
+                            f"{'' if wanted is None else f' (the settings say {wanted})'}, got {groups!r}")
+    learner.set_groups(groups)
+    return groups
+
+
+# -- the halves ---------------------------------------------------------------------------
+
+
+def stage0_rollout(edge: Edge, link: Transport, clock: PhaseClock, iteration: int, *, versions: bool = False) -> None:
+    """One rollout with the env groups taking turns. ``versions``: tag each step with the acting
+    weights' version (`Edge.adopt`), for the asynchronous schedule."""
+    steps, groups = edge.settings.ppo.num_steps, range(len(edge.groups))
+
+    def send_step(t: int, g: int) -> None:
+        with clock("encoder"):
+            tags = {"t": t, "g": g, "v": edge.adopt()} if versions else {"t": t, "g": g}
+            tensors, header = edge.observe(t, g)
+        with clock("link"):
+            link.send("step", tensors, {**header, **tags})
+
+    edge.begin_rollout(iteration)
+    for g in groups:
+        send_step(0, g)
+    for t in range(steps):
+        for g in groups:  # every group with its action in hand steps (in its workers with --vector async)
+            with clock("link"):
+                action = expect(link, "action", t=t, g=g)
+            with clock("env"):
+                edge.begin_step(action, g)
+        for g in groups:  # meanwhile stage1 acts for the groups already sent
+            with clock("env"):
+                edge.finish_step(g)
+            if t + 1 < steps:
+                send_step(t + 1, g)
+                continue
+            with clock("encoder"):
+                tensors, header = edge.end_rollout(g)
+            with clock("link"):
+                link.send("rollout_end", tensors, {**header, "g": g})
+
+
+def stage1_rollout(learner: Learner, link: Transport, busy: PhaseClock, iteration: int, *,
+                   adopt: Any = None) -> None:
+    """One rollout, groups in the order stage0 sends them. ``adopt(version)``: called with each
+    step's acting version before acting (the asynchronous schedule)."""
+    learner.begin_rollout(iteration)
+    for t in range(learner.settings.ppo.num_steps):
+        for g in range(len(learner.groups)):
+            msg = expect(link, "step", t=t, g=g)
+            if adopt is not None:
+                adopt(msg.header.get("v"))
+            with busy("heads"):
+                tensors, header = learner.act(t, msg, g)
+            link.send("action", tensors, {**header, "t": t, "g": g})
+    for g in range(len(learner.groups)):
+        msg = expect(link, "rollout_end", g=g)
+        with busy("heads"):
+            learner.end_rollout(msg, g)
+
+
+def stage0_train(edge: Edge, exchange: EdgeExchange, link: Transport, clock: PhaseClock,
+                 schedule: list[list[torch.Tensor]]) -> None:
+    """Every minibatch of one iteration, each in M micro-batches: all forwards out, then each backward."""
+    micro = edge.settings.schedule.microbatches
+    for epoch, minibatches in enumerate(schedule):
+        for mb, idx in enumerate(minibatches):
+            sent = []
+            for j, part in enumerate(idx.chunk(micro)):
+                with clock("encoder"):
+                    features = edge.forward(part)
+                with clock("codec"):
+                    out, (tensors, header) = exchange.send(features, part)
+                with clock("link"):
+                    link.send("train_fwd", tensors, {**header, "epoch": epoch, "mb": mb, "j": j})
+                sent.append(out)
+            for j, out in enumerate(sent):
+                with clock("link"):
+                    reply = expect(link, "train_bwd", epoch=epoch, mb=mb, j=j)
+                with clock("codec"):
+                    grad = exchange.grad(out, reply)
+                with clock("encoder"):
+                    edge.backward(out.out, grad)
+            with clock("encoder"):
+                edge.optimizer_step()
+            names = exchange.due(epoch, mb)
+            if names:  # the replica's weights, updated mid-iteration
+                with clock("link"):
+                    update = expect(link, "heads")
+                with clock("codec"):
+                    exchange.apply_update(update, {"iteration": edge.train_iteration, "epoch": epoch, "mb": mb},
+                                          names)
+
+
+def stage1_train(learner: Learner, exchange: LearnerExchange, link: Transport, busy: PhaseClock,
+                 schedule: list[list[torch.Tensor]]) -> None:
+    """Every minibatch of one iteration: a loss per micro-batch as it arrives, one optimizer step each minibatch."""
+    micro = learner.settings.schedule.microbatches
+    for epoch, minibatches in enumerate(schedule):
+        for mb, idx in enumerate(minibatches):
+            for j, part in enumerate(idx.chunk(micro)):
+                msg = expect(link, "train_fwd", epoch=epoch, mb=mb, j=j)
+                with busy("heads"):
+                    tensors, header = exchange.learn(msg, part, idx if micro > 1 else None)
+                link.send("train_bwd", tensors, {**header, "epoch": epoch, "mb": mb, "j": j})
+            with busy("heads"):
+                learner.optimizer_step()
+                update = exchange.update(epoch, mb)
+            if update is not None:
+                link.send("heads", *update)
+
+
+def stage0_finish(edge: Edge, link: Transport, clock: PhaseClock, iteration: int, checkpoint: bool) -> dict[str, Any]:
+    """``iter_end`` -> stage1's statistics; stage0's checkpoint."""
+    with clock("link"):
+        link.send("iter_end", header={"iteration": iteration, "checkpoint": checkpoint})
+        stats = iteration_stats(link)
+    if checkpoint and edge.run_log is not None:
+        edge.run_log.checkpoint(STAGE0, iteration, edge.state_dict())
+    return stats
+
+
+def stage1_finish(learner: Learner, link: Transport, busy: PhaseClock, iteration: int, schedule: list[list[torch.Tensor]],
+                  run_log: RunLog | None, cpu_start: float) -> None:
+    """After ``iter_end``: train alone if the cut is before the first layer, checkpoint, send the statistics."""
+    msg = expect(link, "iter_end", iteration=iteration)
+    if learner.trains_alone:
+        for epoch, minibatches in enumerate(schedule):
+            with busy("heads"):
+                learner.train_alone(minibatches)
+            link.send("progress", header={"epoch": epoch})
+    stats = learner.iteration_stats()
+    stats["time/heads"] = busy.seconds["heads"]
+    if msg.header.get("checkpoint") and run_log is not None:
+        run_log.checkpoint(STAGE1, iteration, learner.state_dict())
+    stats["cpu/stage1"] = time.process_time() - cpu_start
+    link.send("iter_stats", header=stats)
+
+
+def checkpoint_due(iteration: int, last: int, every: int) -> bool:
+    return iteration == last or (every > 0 and iteration % every == 0)
+
+
+# -- the loops -----------------------------------------------------------------------------
+
+
+def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoint_every: int = 10) -> list[dict[str, Any]]:
+    """Every iteration from stage0's side, rollout then training, each pipelined; returns the metrics records."""
+    s = edge.settings
+    measured = agree_on_groups(edge, link)
+    edge.open_envs()
+    metrics = IterationLog(edge, link, extra=measured)
+    for iteration in range(1, s.num_iterations + 1):
+        clock = PhaseClock()
+        metrics.start()
+        stage0_rollout(edge, link, clock, iteration)
+        with clock("link"):
+            update = expect(link, "heads") if exchange.updates_after_rollout else None
+        schedule = edge.begin_training(iteration)
+        if update is not None:
+            with clock("codec"):
+                exchange.apply_update(update, {"iteration": iteration})
+        if edge.trains:
+            stage0_train(edge, exchange, link, clock, schedule)
+        checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
+        metrics.end(iteration, clock, stage0_finish(edge, link, clock, iteration, checkpoint))
+    return metrics.records
+
+
+def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, run_log: RunLog | None = None) -> int:
+    """Every iteration from stage1's side, until stage0 closes; returns the iterations served."""
+    s = learner.settings
+    learn_groups(learner, link)
+    for iteration in range(1, s.num_iterations + 1):
+        busy = PhaseClock()
+        cpu_start = time.process_time()
+        stage1_rollout(learner, link, busy, iteration)
+        with busy("heads"):
+            schedule = learner.begin_training(iteration)  # GAE
+            update = exchange.update()
+        if update is not None:
+            link.send("heads", *update)
+        if not learner.trains_alone:
+            stage1_train(learner, exchange, link, busy, schedule)
+        stage1_finish(learner, link, busy, iteration, schedule, run_log, cpu_start)
+    expect(link, "close")
+    return s.num_iterations

@@ -1,0 +1,169 @@
+"""The pipelined and asynchronous schedules: what they may change (nothing, or float sums) and what they keep."""
+
+import json
+import subprocess
+
+import pytest
+import torch
+
+from splitrl.launch import free_port_pair
+from splitrl.schedule import pipelined, session
+from splitrl.schedule.pipelined import choose_groups
+from splitrl.settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
+
+from ..conftest import TINY, child_env, splitrl_cmd
+
+# Two envs, two iterations of 32 steps each, minibatches of 32 samples.
+TWO_ENVS = ["--num-envs", "2", "--total-steps", "128", "--num-steps", "32", "--epochs", "2", "--minibatches", "2",
+            "--max-episode-steps", "20", "--threads", "1", "--checkpoint-every", "1"]
+VOLATILE = ("time/", "cpu/", "link/")
+
+
+def _states(run_dir, iteration=2):
+    return {stage: torch.load(run_dir / "checkpoints" / f"{stage}-iter{iteration:05d}.pt")[key]
+            for stage, key in (("stage0", "net"), ("stage1", "heads"))}
+
+
+def _metrics(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE) and k != "charts/SPS"} for r in rows]
+
+
+def _assert_same_states(a, b):
+    for stage in a:
+        assert a[stage].keys() == b[stage].keys()
+        for name in a[stage]:
+            assert torch.equal(a[stage][name], b[stage][name]), f"{stage}.{name}"
+
+
+def _twin(run_dir, *args):
+    done = subprocess.run(splitrl_cmd("train", "--run-dir", str(run_dir), *args), env=child_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_pipelined_split_matches_its_twin_bit_for_bit(tmp_path, spawn):
+    """Two env groups and two micro-batches, envs in worker processes on the split's edge: the twin,
+    with the same groups and micro-batches but envs stepped in-process, computes the same numbers."""
+    endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
+    args = TWO_ENVS + ["--rollout-groups", "2", "--microbatches", "2", "--timeout", "60", "--start-timeout", "60"]
+    split = tmp_path / "split"
+    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(split), *args)
+    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(split), "--vector", "async", *args)
+    code0, out0 = s0.finish(timeout=300)
+    code1, out1 = s1.finish(timeout=30)
+    assert code0 == 0 and code1 == 0, out0 + out1
+    _twin(tmp_path / "twin", *args)
+    _assert_same_states(_states(split), _states(tmp_path / "twin"))
+    assert _metrics(split) == _metrics(tmp_path / "twin")
+    rows = [json.loads(line) for line in (split / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["schedule/rollout_groups"] == 2 and rows[-1]["link/rtt_ms"] > 0
+    # Micro-batches: 2 epochs x 2 minibatches x 2 micro-batches a training message each, an iteration.
+    assert rows[-1]["net/train_fwd/sent_messages"] == rows[-1]["net/train_bwd/recv_messages"] == 2 * 2 * 2
+
+
+def _train_in_process(run_dir, settings, monkeypatch=None, mode=None):
+    if mode is not None:
+        monkeypatch.setitem(session.SCHEDULES, "sync", mode)
+    session.train_twin(settings, RunOptions(run_dir=str(run_dir), threads=1, checkpoint_every=1))
+
+
+def _tiny(**schedule):
+    return TrainSettings(total_steps=64, env=EnvSettings(max_episode_steps=20),
+                         ppo=PPOSettings(num_steps=32, epochs=2, minibatches=2),
+                         schedule=ScheduleSettings(**schedule))
+
+
+def test_with_one_group_and_one_micro_batch_the_pipelined_loops_are_the_synchronous_ones(tmp_path, monkeypatch):
+    _train_in_process(tmp_path / "sync", _tiny())
+    _train_in_process(tmp_path / "pipelined", _tiny(), monkeypatch, pipelined)
+    _assert_same_states(_states(tmp_path / "sync"), _states(tmp_path / "pipelined"))
+    sync, piped = _metrics(tmp_path / "sync"), _metrics(tmp_path / "pipelined")
+    # The same numbers and the same messages; only the bytes differ, by the headers' g and j and the pings.
+    learning = [{k: v for k, v in r.items() if not k.startswith(("net", "schedule/"))} for r in sync]
+    assert learning == [{k: v for k, v in r.items() if not k.startswith(("net", "schedule/"))} for r in piped]
+    for a, b in zip(sync, piped):
+        for key in (k for k in a if k.startswith("net/") and k.endswith("_messages")):
+            assert a[key] == b[key], key
+
+
+def test_micro_batches_change_the_update_only_by_the_order_of_float_sums(tmp_path):
+    _train_in_process(tmp_path / "m1", _tiny())
+    _train_in_process(tmp_path / "m4", _tiny(microbatches=4))
+    from splitrl.models import build_agent
+
+    initial = dict(zip(("stage0", "stage1"), (m.state_dict() for m in build_agent((4, 96, 96), 3, "cnn", 1, -0.5))))
+    one, four = _states(tmp_path / "m1", 1), _states(tmp_path / "m4", 1)
+    for stage in one:
+        diff = sum(float(((four[stage][k] - one[stage][k]) ** 2).sum()) for k in one[stage])
+        move = sum(float(((one[stage][k] - initial[stage][k]) ** 2).sum()) for k in one[stage])
+        assert move > 0 and (diff / move) ** 0.5 < 1e-4, stage
+
+
+def test_auto_groups_hide_the_round_trip_with_the_fewest_groups():
+    assert choose_groups(8, rtt=0.0002, step_seconds=0.005) == 2  # 1 + ceil(0.04) = 2
+    assert choose_groups(8, rtt=0.020, step_seconds=0.005) == 8  # 5 wanted: the next divisor up
+    assert choose_groups(6, rtt=0.012, step_seconds=0.005) == 6  # 4 wanted, 6 is the next divisor
+    assert choose_groups(1, rtt=0.5, step_seconds=0.005) == 1  # one env: one group, whatever the link
+    assert choose_groups(4, rtt=0.0, step_seconds=0.005) == 1  # no latency to hide
+
+
+def test_auto_groups_are_chosen_and_recorded(tmp_path):
+    settings = TrainSettings(total_steps=128, env=EnvSettings(num_envs=2, max_episode_steps=20),
+                             ppo=PPOSettings(num_steps=32, epochs=1, minibatches=2),
+                             schedule=ScheduleSettings(rollout_groups="auto"))
+    _train_in_process(tmp_path / "auto", settings)
+    rows = [json.loads(line) for line in (tmp_path / "auto" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["schedule/rollout_groups"] in (1, 2) and rows[-1]["global_step"] == 128
+
+
+@pytest.mark.parametrize("bound", [0, 1])
+def test_asynchronous_split_runs_within_its_staleness_bound(tmp_path, spawn, bound):
+    endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
+    args = TINY + ["--total-steps", "96", "--async", "--max-staleness", str(bound), "--timeout", "60",
+                   "--start-timeout", "60"]
+    run = tmp_path / "split"
+    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(run), *args)
+    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(run), "--vector", "async", *args)
+    code0, out0 = s0.finish(timeout=300)
+    code1, out1 = s1.finish(timeout=30)
+    assert code0 == 0 and code1 == 0, out0 + out1
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2, 3] and rows[-1]["global_step"] == 96
+    assert all(r["async/staleness_max"] <= bound for r in rows)
+    assert rows[0]["async/staleness_max"] == 0  # the first rollout acts with the initial weights it trains
+    if bound:
+        # The second rollout starts as the first iteration starts training: its first steps act with
+        # version 0 while version 1 trains on them.
+        assert rows[1]["async/staleness_max"] == 1 and 0 < rows[1]["async/staleness_mean"] < 1
+    for stage in ("stage0", "stage1"):
+        assert (run / "checkpoints" / f"{stage}-iter00003.pt").exists()
+    episodes = (run / "episodes.jsonl").read_text().splitlines()
+    assert len(episodes) == 4  # 96 steps, time limit 20
+
+
+def test_asynchronous_twin_runs_with_the_cut_before_the_first_layer(tmp_path):
+    _twin(tmp_path / "twin", *TINY, "--cut", "input", "--async", "--total-steps", "96")
+    rows = [json.loads(line) for line in (tmp_path / "twin" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2, 3]
+    assert all(r["async/staleness_max"] <= 1 for r in rows)
+
+
+def test_schedule_settings_are_checked_with_the_others():
+    def errors(**kw):
+        codecs = kw.pop("codecs", CodecSettings())
+        return " ".join(TrainSettings(env=EnvSettings(num_envs=kw.pop("num_envs", 4)), codecs=codecs,
+                                      ppo=PPOSettings(num_steps=32, minibatches=4),
+                                      schedule=ScheduleSettings(**kw)).errors())
+
+    assert errors(rollout_groups="2", microbatches=4) == ""
+    assert "--rollout-groups" in errors(rollout_groups="3")
+    assert "--rollout-groups" in errors(rollout_groups="many")
+    assert "--microbatches" in errors(microbatches=3)  # minibatches of 32 samples
+    assert "paper" in errors(microbatches=2, codecs=CodecSettings(codec_bwd="paper"))
+    assert "--exchange features only" in errors(asynchronous=True, codecs=CodecSettings(exchange="replica"))
+    assert "delta" in errors(asynchronous=True, codecs=CodecSettings(codec_fwd="delta"))
+    assert "--max-staleness" in errors(max_staleness=-1)
+    assert ScheduleSettings().mode == "sync" and ScheduleSettings(microbatches=2).mode == "pipelined"
+    assert ScheduleSettings(rollout_groups="auto").mode == "pipelined"
+    assert ScheduleSettings(asynchronous=True, microbatches=2).mode == "async"
