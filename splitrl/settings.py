@@ -202,7 +202,8 @@ class CodecSettings:
             spec = getattr(self, f"codec_{stream}")
             if spec.strip().partition(":")[0].partition("+")[0] == "replica":
                 out.append(f"--codec-{stream} {spec!r}: replica is an exchange, not a codec: use --exchange "
-                           "replica[:sync=...,last_every=N,all_every=N] with --codec-fwd/--codec-bwd fp32 or bf16")
+                           "replica[:sync=...,last_every=N,all_every=N] with --codec-fwd/--codec-bwd "
+                           f"{', '.join(OUTPUT_CODECS)}")
                 continue
             try:
                 codec = parse_codec(spec, stream)
@@ -245,7 +246,8 @@ class ScheduleSettings:
              "round trip and env step time: K >= 1 + RTT / step time)")
     microbatches: int = doc(
         1, "micro-batches per training minibatch (GPipe): stage0 forwards micro-batch j+1 while stage1 computes "
-           "j; gradients add up, one optimizer step per minibatch on each side")
+           "j; gradients add up, one optimizer step per minibatch on each side (codecs that choose per message, "
+           "such as ef's top-k, choose per micro-batch)")
     asynchronous: bool = doc(
         False, "train iteration i while the rollout of i+1 runs, acting with the newest finished policy "
                "(swapped in flight); importance-weighted value targets for samples an older policy acted on",

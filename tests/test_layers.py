@@ -52,7 +52,7 @@ def _resolve(module: str, node: ast.ImportFrom) -> str:
 def _type_checking_nodes(tree: ast.AST) -> set[int]:
     skipped: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
             skipped.update(id(n) for child in node.body for n in ast.walk(child))
     return skipped
 

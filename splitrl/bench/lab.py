@@ -24,6 +24,8 @@ the wire rate from the same kernel counters. At 20 Mbit/s goodput is at most
 
 from __future__ import annotations
 
+import logging
+
 import json
 import subprocess
 import sys
@@ -49,6 +51,8 @@ __all__ = [
     "run_lab",
     "format_report",
 ]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 5555
 """The lab's namespaces are new and empty, so a fixed port is always free there
@@ -210,6 +214,12 @@ def app_bytes_from_metrics(run_dir: str | Path) -> dict[str, tuple[int, int]]:
 # -- the stages in the lab -------------------------------------------------------------
 
 
+def _option(args: Sequence[str], name: str) -> str | None:
+    """The value of ``name`` in a command line (the last one given), or None."""
+    values = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == name]
+    return values[-1] if values else None
+
+
 def stage_commands(stage_args: Sequence[str], port: int = DEFAULT_PORT,
                    connect_host: str = STAGE1_ADDR) -> dict[str, list[str]]:
     """``connect_host``: where stage0 connects (stage1's address, or the delay relay in stage0's namespace)."""
@@ -276,7 +286,7 @@ def run_lab(
     port: int = DEFAULT_PORT,
     grace: float = STOP_GRACE_S,
     names: LabNames | None = None,
-    echo: Callable[[str], Any] = print,
+    echo: Callable[[str], Any] | None = None,
 ) -> LabResult:
     """Bring the lab up, measure throughput, train (``stage_args`` to both stages), account, tear down.
 
@@ -284,6 +294,7 @@ def run_lab(
     KeyboardInterrupt) stops both stages with SIGTERM (they tell each other and
     exit), then the lab is removed; the result then has ``interrupted`` set.
     """
+    echo = echo or log.info
     names = names or LabNames.random()
     result = LabResult(names, [], None, {"stage1": None, "stage0": None}, run_dir, shaping=shaping)
 
@@ -304,6 +315,9 @@ def run_lab(
                 echo(f"measuring throughput stage0 -> stage1 with {format_size(measure_bytes)} ...")
                 result.throughput = measure_throughput(lab, measure_bytes)
                 echo(f"  {format_rate(result.throughput.goodput_bits)} (details at the end)")
+            if lab.relay_delay is not None and _option(stage_args, "--transport") == "torch-rpc":
+                raise ValueError("the delay relay carries ZeroMQ and plain TCP links; torch RPC opens ports of its "
+                                 "own that would bypass it: use --transport zmq or tcp, or a kernel with netem")
             host = lab.start_relay([port, port + 1, PING_PORT, PING_PORT + 1])
             result.round_trip = measure_round_trip(lab, host, PING_PORT)
             echo(f"  {result.round_trip_text(shaping)}")

@@ -20,6 +20,8 @@ Needs root (``ip netns``, ``tc``). Each lab is removed on every exit path, by `L
 
 from __future__ import annotations
 
+import logging
+
 import contextlib
 import tempfile
 import time
@@ -44,6 +46,8 @@ __all__ = [
     "run_lab_bench",
     "lab_bench_table",
 ]
+
+log = logging.getLogger(__name__)
 
 _MIB = 1024 * 1024
 
@@ -111,7 +115,7 @@ def run_lab_bench(
     extra_args: Sequence[str] = (),
     out_dir: str | None = None,
     timeout: float = RUN_TIMEOUT_S,
-    echo: Callable[[str], Any] = print,
+    echo: Callable[[str], Any] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per (rate, configuration), rates in the order given, fp32 first.
 
@@ -120,6 +124,7 @@ def run_lab_bench(
     the configuration's codec options. Run directories (with each stage's log)
     are ``out_dir/<rate>-<config>``, in a new temporary directory by default.
     """
+    echo = echo or log.info
     configs = dict(CONFIGS if configs is None else configs)
     base = Path(out_dir or tempfile.mkdtemp(prefix="splitrl-lab-bench-"))
     shapings = [(rate, Shaping.parse(rate)) for rate in rates]  # every rate is checked before any lab

@@ -15,6 +15,8 @@ mode's staleness.
 
 from __future__ import annotations
 
+import logging
+
 import signal
 import subprocess
 import sys
@@ -28,11 +30,14 @@ from ..runs import measured_records, read_metrics, summarise_run
 
 __all__ = ["MODES", "run_pipeline_bench", "pipeline_table"]
 
+log = logging.getLogger(__name__)
+
 PAIR = ["--num-envs", "2", "--num-steps", "2048"]
 """4096 samples an iteration, as the paper's 1 x 4096, from two envs the groups can take turns with."""
 MODES: dict[str, list[str]] = {
     "sync": [],
     "+ async envs": ["--vector", "async"],
+    "+ 2 envs": ["--vector", "async", *PAIR],
     "+ pipelined rollout": ["--vector", "async", *PAIR, "--rollout-groups", "2"],
     "+ micro-batches": ["--vector", "async", *PAIR, "--rollout-groups", "2", "--microbatches", "4"],
     "+ async": ["--vector", "async", *PAIR, "--rollout-groups", "2", "--microbatches", "4", "--async"],
@@ -87,8 +92,9 @@ def _run_in_lab(args: Sequence[str], run_dir: Path, rtt_ms: float, rate: str, ec
 def run_pipeline_bench(modes: Sequence[str] = tuple(MODES), rtts_ms: Sequence[float] = (0.0, 20.0),
                        iterations: int = 2, rate: str = "100mbit", extra_args: Sequence[str] = (),
                        out_dir: str | None = None, timeout: float = 7200.0,
-                       echo: Callable[[str], Any] = print) -> list[dict[str, Any]]:
+                       echo: Callable[[str], Any] | None = None) -> list[dict[str, Any]]:
     """One row per (round trip, mode), modes in order; 0 ms over loopback, others in the lab."""
+    echo = echo or log.info
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise ValueError(f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}")

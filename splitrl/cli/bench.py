@@ -87,7 +87,8 @@ def bench_codecs(num_steps: int, epochs: int, minibatches: int, from_run: str | 
 @bench.command("learning")
 @click.option("--config", "names", multiple=True, metavar="NAME",
               help="configurations to run (repeatable; default: all). Known: fp32, bf16, paper-p90, paper-p99, "
-                   "ours, ours-zero-fwd, ours-ef6, ours-exact-fwd, ours-replica, ours-replica-sync, cloud-frames")
+                   "ours, ours-zero-fwd, ours-ef6, ours-exact-fwd, ours-replica, ours-replica-sync, cloud-frames, "
+                   "pipelined, async")
 @click.option("--iterations", default=25, show_default=True, help="PPO iterations of 4096 steps per run")
 @click.option("--out", "out_dir", default="runs/learning-comparison", show_default=True,
               type=click.Path(file_okay=False), help="one run directory per configuration goes here")
@@ -144,7 +145,8 @@ def bench_e2e(iterations: int, repeats: int, out_dir: str | None, json_path: str
 
 
 @bench.command("pipeline")
-@click.option("--modes", default=",".join(["sync", "+ async envs", "+ pipelined rollout", "+ micro-batches", "+ async"]),
+@click.option("--modes", default=",".join(["sync", "+ async envs", "+ 2 envs", "+ pipelined rollout", "+ micro-batches",
+                                           "+ async"]),
               show_default=True, help="comma-separated rows; each adds one mechanism to the one before")
 @click.option("--rtt", "rtts", default="0,20", show_default=True,
               help="comma-separated round trips in ms; above 0 the runs go through the lab (needs root)")

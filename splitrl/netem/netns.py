@@ -272,19 +272,21 @@ RELAY_HOST = "127.0.0.1"
 
 
 def wait_for_line(proc: subprocess.Popen, text: str, timeout: float) -> bool:
-    """Read ``proc``'s (text) stdout until a line contains ``text``; False if it ends or the time runs out."""
-    found: list[bool] = []
+    """Read ``proc``'s (text) stdout until a line contains ``text``; False if it ends or the time runs out.
+
+    The reader goes on draining the pipe afterwards (into our debug log), so a chatty process
+    never blocks on a full pipe."""
+    found = threading.Event()
 
     def read() -> None:
         for line in proc.stdout:
-            if text in line:
-                found.append(True)
-                return
+            if found.is_set():
+                log.debug("%s", line.rstrip())
+            elif text in line:
+                found.set()
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(timeout)
-    return bool(found)
+    threading.Thread(target=read, daemon=True).start()
+    return found.wait(timeout)
 
 
 class Lab:

@@ -72,13 +72,18 @@ class Relay:
         try:
             server_r, server_w = await asyncio.open_connection(self.to_host, port)
         except OSError as exc:
-            log.warning("relay: cannot reach %s:%d: %s", self.to_host, port, exc)
+            log.debug("relay: cannot reach %s:%d: %s", self.to_host, port, exc)  # the client retries
             client_w.close()
             return
-        await asyncio.gather(self._direction(client_r, server_w), self._direction(server_r, client_w))
+        try:
+            await asyncio.gather(self._direction(client_r, server_w), self._direction(server_r, client_w))
+        finally:
+            for writer in (client_w, server_w):
+                writer.close()
 
     async def _direction(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Read chunks, write each at its due time, in order; EOF goes through with the same delay."""
+        """Read chunks, write each at its due time, in order; the EOF goes through with the same delay
+        (a half-close: the other direction goes on). If writing fails, reading stops too."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(self.queue_chunks)
 
@@ -96,24 +101,26 @@ class Relay:
                     return
 
         async def write() -> None:
-            try:
-                while True:
-                    due, data = await queue.get()
-                    wait = due - loop.time()
-                    if wait > 0:
-                        await asyncio.sleep(wait)
-                    if not data:
-                        if writer.can_write_eof():
-                            writer.write_eof()
-                        return
-                    writer.write(data)
-                    await writer.drain()
-            except (ConnectionError, OSError):
-                return
-            finally:
-                writer.close()
+            while True:
+                due, data = await queue.get()
+                wait = due - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                if not data:
+                    if writer.can_write_eof():
+                        writer.write_eof()
+                    return
+                writer.write(data)
+                await writer.drain()
 
-        await asyncio.gather(read(), write())
+        reading = asyncio.ensure_future(read())
+        try:
+            await write()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -29,12 +29,15 @@ def compute_gae(
     termination wins (no bootstrap). ``final_values`` entries are ignored
     wherever ``truncated`` is False or ``terminated`` is True (they may even be NaN).
 
-    ``weights`` (T, N), for samples an older policy acted on: truncated importance
-    weights min(1, pi / mu), applied V-trace style (Espeholt et al. 2018, with
-    rho-bar = c-bar = 1): each TD error is scaled by its weight and the trace that
-    carries later errors back by the same weight, so
-    ``A_t = w_t delta_t + gamma lambda w_t A_{t+1}`` and the returns (value targets)
-    are ``A + values``. None is plain GAE (every weight 1).
+    ``weights`` (T, N), for samples an older policy mu acted on: truncated importance
+    weights w = min(1, pi / mu), applied as V-trace does (Espeholt et al. 2018, with
+    rho-bar = c-bar = 1 and GAE's lambda on the trace). The value targets are
+    ``v_t = V_t + w_t delta_t + gamma lambda w_t (v_{t+1} - V_{t+1})`` (the returns) and
+    the policy's advantage is ``delta_t + gamma lambda (v_{t+1} - V_{t+1})``: later
+    errors arrive weighted by the trace, but step t's own is not weighted again,
+    because PPO's ratio pi / mu already corrects for the action at t (IMPALA's
+    ``rho_t (r_t + gamma v_{t+1} - V_t)`` would count it twice in a PPO loss).
+    With every weight 1 both are plain GAE. None is plain GAE.
     """
     num_steps = rewards.shape[0]
     terminated = terminated.bool()
@@ -44,16 +47,19 @@ def compute_gae(
     trunc_bootstrap = torch.where(truncated & ~terminated, final_values, torch.zeros_like(final_values))
 
     advantages = torch.zeros_like(rewards)
+    targets = torch.zeros_like(rewards) if weights is not None else advantages
     lastgaelam = torch.zeros_like(last_value)
     for t in reversed(range(num_steps)):
         nextvalues = last_value if t == num_steps - 1 else values[t + 1]
         nextnonterminal = nextnonterminal_all[t]
         next_v = nextnonterminal * nextvalues + trunc_bootstrap[t]
         delta = rewards[t] + gamma * next_v - values[t]
-        if weights is None:
-            lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+        # lastgaelam is v_{t+1} - V_{t+1} (the GAE advantage when there are no weights)
+        advantages[t] = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+        if weights is not None:
+            lastgaelam = weights[t] * advantages[t]
+            targets[t] = lastgaelam
         else:
-            lastgaelam = weights[t] * (delta + gamma * gae_lambda * nextnonterminal * lastgaelam)
-        advantages[t] = lastgaelam
-    returns = advantages + values
+            lastgaelam = advantages[t]
+    returns = targets + values
     return advantages, returns

@@ -23,17 +23,17 @@ consumes them. S = 0 takes turns, as the pipelined schedule does.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..runs import RunLog
 from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..transport import ProtocolError, Transport
 from ..transport.channels import Channels
-from .common import IterationLog, PhaseClock, expect
-from .pipelined import (agree_on_groups, checkpoint_due, learn_groups, stage0_finish, stage0_rollout, stage0_train,
-                        stage1_finish, stage1_rollout, stage1_train)
+from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish
+from .pipelined import agree_on_groups, learn_groups, stage0_rollout, stage0_train, stage1_rollout, stage1_train
 
 __all__ = ["stage0_loop", "stage1_loop", "STAGE0_ROUTES", "STAGE1_ROUTES"]
 
@@ -82,23 +82,31 @@ class _Progress:
         channels.fail(exc)
 
 
-def _run_collector(name: str, target: Callable[[], None], progress: _Progress, channels: Channels) -> threading.Thread:
+@contextlib.contextmanager
+def _alongside(name: str, rollout: Callable[[], None], progress: _Progress, channels: Channels) -> Iterator[None]:
+    """Run ``rollout`` on a thread while the body (the training) runs. Whichever fails first stops the
+    other (`_Progress.fail`); on the way out the thread is joined and the first failure raised."""
+
     def run() -> None:
         try:
-            target()
+            rollout()
         except BaseException as exc:
             progress.fail(exc, channels)  # wakes the training thread, whatever it waits on
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
-    return thread
-
-
-def _join(thread: threading.Thread, progress: _Progress, channels: Channels) -> None:
-    thread.join(timeout=10 + channels.link.timeout)
-    channels.close()
-    if progress.error is not None:
-        raise progress.error
+    try:
+        yield
+    except BaseException as exc:  # Ctrl-C or a failure: the rollout thread stops too
+        progress.fail(exc, channels)
+        raise
+    finally:
+        thread.join(timeout=10 + channels.link.timeout)
+        channels.close()
+        if progress.error is not None:
+            raise progress.error
+        if thread.is_alive():
+            raise RuntimeError(f"the {name} thread did not stop")
 
 
 def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoint_every: int = 10) -> list[dict[str, Any]]:
@@ -110,6 +118,7 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
     rollout_link, train_link = channels["rollout"], channels["train"]
     progress = _Progress()
     clocks: dict[int, PhaseClock] = {}
+    rollouts: dict[int, dict[str, Any]] = {}
     bound, timeout = s.schedule.max_staleness, link.timeout
 
     def collect() -> None:
@@ -118,11 +127,15 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
                           f"iteration {iteration - 1 - bound} to train")
             clocks[iteration] = PhaseClock()
             stage0_rollout(edge, rollout_link, clocks[iteration], iteration, versions=True)
+            rollouts[iteration] = edge.rollout_summary()
             progress.set(collected=iteration)
 
-    collector = _run_collector("stage0 rollout", collect, progress, channels)
+    def publish(iteration: int) -> None:
+        edge.publish()
+        progress.set(trained=iteration)
+
     metrics = IterationLog(edge, train_link, extra=measured)
-    try:
+    with _alongside("stage0 rollout", collect, progress, channels):
         for iteration in range(1, s.num_iterations + 1):
             metrics.start()
             progress.wait(lambda: progress.collected >= iteration, timeout * s.num_iterations,
@@ -131,15 +144,12 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
             schedule = edge.begin_training(iteration)
             if edge.trains:
                 stage0_train(edge, exchange, train_link, clock, schedule)
-            edge.publish()
-            progress.set(trained=iteration)
+                publish(iteration)
             checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
-            metrics.end(iteration, clock, stage0_finish(edge, train_link, clock, iteration, checkpoint))
-    except BaseException as exc:  # Ctrl-C or a failure: the rollout thread stops too
-        progress.fail(exc, channels)
-        raise
-    finally:
-        _join(collector, progress, channels)
+            stats = stage0_finish(edge, train_link, clock, iteration, checkpoint)
+            if not edge.trains:  # stage1 trained alone, and said so with its statistics
+                publish(iteration)
+            metrics.end(iteration, clock, stats, rollouts.pop(iteration))
     return metrics.records
 
 
@@ -170,8 +180,12 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
             acting_seconds[iteration] = busy.seconds["heads"]
             progress.set(collected=iteration)
 
-    collector = _run_collector("stage1 rollout", collect, progress, channels)
-    try:
+    def publish(iteration: int, busy: PhaseClock) -> None:
+        with busy("heads"):
+            learner.publish()
+        progress.set(trained=iteration)
+
+    with _alongside("stage1 rollout", collect, progress, channels):
         for iteration in range(1, s.num_iterations + 1):
             busy = PhaseClock()
             cpu_start = time.process_time()
@@ -182,18 +196,9 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
                 schedule = learner.begin_training(iteration)  # GAE, importance-weighted where samples lag
             if not learner.trains_alone:
                 stage1_train(learner, exchange, train_link, busy, schedule)
-                with busy("heads"):
-                    learner.publish()
-                progress.set(trained=iteration)
+                publish(iteration, busy)
             stage1_finish(learner, train_link, busy, iteration, schedule, run_log, cpu_start)  # trains alone here
             if learner.trains_alone:
-                with busy("heads"):
-                    learner.publish()
-                progress.set(trained=iteration)
+                publish(iteration, busy)
         expect(train_link, "close")
-    except BaseException as exc:  # Ctrl-C or a failure: the rollout thread stops too
-        progress.fail(exc, channels)
-        raise
-    finally:
-        _join(collector, progress, channels)
     return s.num_iterations

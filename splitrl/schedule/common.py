@@ -7,10 +7,14 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from ..stages import Edge
+import torch
+
+from ..runs import RunLog
+from ..stages import STAGE0, STAGE1, Edge, Learner
 from ..transport import Message, ProtocolError, Transport
 
-__all__ = ["PhaseClock", "expect", "iteration_stats", "IterationLog"]
+__all__ = ["PhaseClock", "expect", "iteration_stats", "IterationLog", "checkpoint_due", "stage0_finish",
+           "stage1_finish"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +69,38 @@ def iteration_stats(link: Transport) -> dict[str, Any]:
             raise ProtocolError(f"after 'iter_end' expected 'progress' or 'iter_stats' from {link.peer}, got {msg.kind!r}")
 
 
+def stage0_finish(edge: Edge, link: Transport, clock: PhaseClock, iteration: int, checkpoint: bool) -> dict[str, Any]:
+    """``iter_end`` -> stage1's statistics; stage0's checkpoint."""
+    with clock("link"):
+        link.send("iter_end", header={"iteration": iteration, "checkpoint": checkpoint})
+        stats = iteration_stats(link)
+    if checkpoint and edge.run_log is not None:
+        edge.run_log.checkpoint(STAGE0, iteration, edge.state_dict())
+    return stats
+
+
+def stage1_finish(learner: Learner, link: Transport, busy: PhaseClock, iteration: int, schedule: list[list[torch.Tensor]],
+                  run_log: RunLog | None, cpu_start: float) -> None:
+    """After ``iter_end``: train alone if the cut is before the first layer, checkpoint, send the statistics."""
+    msg = expect(link, "iter_end", iteration=iteration)
+    if learner.trains_alone:
+        for epoch, minibatches in enumerate(schedule):
+            with busy("heads"):
+                learner.train_alone(minibatches)
+            link.send("progress", header={"epoch": epoch})
+    stats = learner.iteration_stats()
+    stats["time/heads"] = busy.seconds["heads"]
+    if msg.header.get("checkpoint") and run_log is not None:
+        run_log.checkpoint(STAGE1, iteration, learner.state_dict())
+    stats["cpu/stage1"] = time.process_time() - cpu_start
+    link.send("iter_stats", header=stats)
+
+
+def checkpoint_due(iteration: int, last: int, every: int) -> bool:
+    """Checkpoints after every ``every``-th iteration (0: never) and after the last."""
+    return iteration == last or (every > 0 and iteration % every == 0)
+
+
 class IterationLog:
     """Stage0's metrics.jsonl lines: one per iteration, with the link's bytes since the last one."""
 
@@ -82,16 +118,19 @@ class IterationLog:
         self.iter_start = time.perf_counter()
         self.cpu_start = time.process_time()
 
-    def end(self, iteration: int, clock: PhaseClock, stats: dict[str, Any]) -> dict[str, Any]:
-        """Build, write and log the record of ``iteration`` (stage1's ``stats`` included)."""
+    def end(self, iteration: int, clock: PhaseClock, stats: dict[str, Any],
+            rollout: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Build, write and log the record of ``iteration`` (stage1's ``stats`` included); ``rollout``:
+        `Edge.rollout_summary` as taken when its rollout ended (default: now)."""
         edge, s = self.edge, self.edge.settings
         wall = time.perf_counter() - self.iter_start
-        returns = edge.take_returns()
+        rollout = rollout or edge.rollout_summary()
+        returns = rollout["returns"]
         record: dict[str, Any] = {
             "iteration": iteration,
-            "global_step": edge.global_step,
+            "global_step": rollout["global_step"],
             "charts/episodic_return": sum(returns) / len(returns) if returns else None,
-            "charts/episodic_return_ema": edge.ema_return,
+            "charts/episodic_return_ema": rollout["ema_return"],
             "charts/episodes": len(returns),
             "charts/SPS": s.steps_per_iteration / wall,
             "time/iteration": wall,
@@ -119,7 +158,7 @@ class IterationLog:
         ret = record["charts/episodic_return_ema"]
         log.info(
             "[stage0] iter %d/%d  step %d  %.0f steps/s  return(ema) %s  sent %.1f MB  recv %.1f MB",
-            iteration, s.num_iterations, edge.global_step, record["charts/SPS"],
+            iteration, s.num_iterations, record["global_step"], record["charts/SPS"],
             "n/a" if ret is None else f"{ret:.1f}", self.link.meter.total("sent") / 1e6,
             self.link.meter.total("recv") / 1e6,
         )

@@ -16,8 +16,9 @@ headers):
   stage0 sends each micro-batch's forward as soon as it is computed, so stage1's
   heads work on micro-batch j while stage0 forwards j + 1; then stage0
   back-propagates each gradient as it arrives. Gradients add up; one optimizer
-  step per minibatch on each side, so the update is the unpipelined one up to the
-  order of float sums.
+  step per minibatch on each side, so with lossless codecs the update is the
+  unpipelined one up to the order of float sums (codecs that choose per message,
+  such as ef's top-k, choose per micro-batch).
 
 Before the first iteration stage0 measures the round trip (``ping``/``pong``)
 and, with ``--rollout-groups auto``, picks K >= 1 + RTT / (env step time) among
@@ -32,16 +33,16 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from ..envs import make_single_env
 from ..runs import RunLog
-from ..stages import STAGE0, STAGE1, Edge, EdgeExchange, Learner, LearnerExchange
+from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..transport import ProtocolError, Transport
-from .common import IterationLog, PhaseClock, expect, iteration_stats
+from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish
 
 __all__ = ["stage0_loop", "stage1_loop", "agree_on_groups", "learn_groups", "stage0_rollout", "stage1_rollout",
            "stage0_train", "stage1_train", "choose_groups", "PINGS"]
@@ -52,11 +53,19 @@ PINGS = 5
 """Round trips timed before the first iteration; the fastest counts (the others met start-up noise)."""
 
 
-def choose_groups(num_envs: int, rtt: float, step_seconds: float) -> int:
-    """The fewest groups that hide the round trip (K >= 1 + RTT / step time), a divisor of ``num_envs``."""
-    wanted = 1 + math.ceil(rtt / max(step_seconds, 1e-6))
+def choose_groups(num_envs: int, rtt: float, step_seconds: float, parallel: bool = True) -> int:
+    """The fewest groups that hide the round trip, a divisor of ``num_envs``.
+
+    While one group waits ``rtt`` for its actions the others must keep stage0 busy, each
+    for one group step: K >= 1 + RTT / group step. A group steps in ``step_seconds`` when
+    its envs step at once (``parallel``: worker processes), in group size x that when they
+    step one after another in stage0's process."""
     divisors = [k for k in range(1, num_envs + 1) if num_envs % k == 0]
-    return next((k for k in divisors if k >= wanted), divisors[-1])
+    for k in divisors:
+        group_step = max(step_seconds, 1e-6) * (1 if parallel else num_envs // k)
+        if k >= 1 + math.ceil(rtt / group_step):
+            return k
+    return divisors[-1]
 
 
 def _env_step_seconds(edge: Edge, steps: int = 20) -> float:
@@ -91,7 +100,7 @@ def agree_on_groups(edge: Edge, link: Transport) -> dict[str, Any]:
     step_seconds = None
     if groups is None:
         step_seconds = _env_step_seconds(edge)
-        groups = choose_groups(edge.settings.env.num_envs, rtt, step_seconds)
+        groups = choose_groups(edge.settings.env.num_envs, rtt, step_seconds, parallel=edge.vector == "async")
     link.send("plan", header={"rollout_groups": groups})
     edge.set_groups(groups)
     log.info("[stage0] round trip %.2f ms; %d env group(s)%s", 1e3 * rtt, groups,
@@ -118,20 +127,23 @@ def learn_groups(learner: Learner, link: Transport) -> int:
 
 
 def stage0_rollout(edge: Edge, link: Transport, clock: PhaseClock, iteration: int, *, versions: bool = False) -> None:
-    """One rollout with the env groups taking turns. ``versions``: tag each step with the acting
+    """One rollout with the env groups taking turns. ``versions``: tag each message with the acting
     weights' version (`Edge.adopt`), for the asynchronous schedule."""
     steps, groups = edge.settings.ppo.num_steps, range(len(edge.groups))
 
-    def send_step(t: int, g: int) -> None:
+    def tags(**header: int) -> dict[str, int]:
+        # Taken before the message's features (and the outcome before them) are encoded: one version a message.
+        return {**header, "v": edge.adopt()} if versions else header
+
+    def send_step(t: int, g: int, header: dict[str, int]) -> None:
         with clock("encoder"):
-            tags = {"t": t, "g": g, "v": edge.adopt()} if versions else {"t": t, "g": g}
-            tensors, header = edge.observe(t, g)
+            tensors, codec_header = edge.observe(t, g)
         with clock("link"):
-            link.send("step", tensors, {**header, **tags})
+            link.send("step", tensors, {**codec_header, **header})
 
     edge.begin_rollout(iteration)
     for g in groups:
-        send_step(0, g)
+        send_step(0, g, tags(t=0, g=g))
     for t in range(steps):
         for g in groups:  # every group with its action in hand steps (in its workers with --vector async)
             with clock("link"):
@@ -139,21 +151,22 @@ def stage0_rollout(edge: Edge, link: Transport, clock: PhaseClock, iteration: in
             with clock("env"):
                 edge.begin_step(action, g)
         for g in groups:  # meanwhile stage1 acts for the groups already sent
+            header = tags(t=t + 1, g=g) if t + 1 < steps else tags(g=g)
             with clock("env"):
                 edge.finish_step(g)
             if t + 1 < steps:
-                send_step(t + 1, g)
+                send_step(t + 1, g, header)
                 continue
             with clock("encoder"):
-                tensors, header = edge.end_rollout(g)
+                tensors, codec_header = edge.end_rollout(g)
             with clock("link"):
-                link.send("rollout_end", tensors, {**header, "g": g})
+                link.send("rollout_end", tensors, {**codec_header, **header})
 
 
 def stage1_rollout(learner: Learner, link: Transport, busy: PhaseClock, iteration: int, *,
-                   adopt: Any = None) -> None:
+                   adopt: Callable[[Any], None] | None = None) -> None:
     """One rollout, groups in the order stage0 sends them. ``adopt(version)``: called with each
-    step's acting version before acting (the asynchronous schedule)."""
+    message's acting version before it is used (the asynchronous schedule)."""
     learner.begin_rollout(iteration)
     for t in range(learner.settings.ppo.num_steps):
         for g in range(len(learner.groups)):
@@ -165,6 +178,8 @@ def stage1_rollout(learner: Learner, link: Transport, busy: PhaseClock, iteratio
             link.send("action", tensors, {**header, "t": t, "g": g})
     for g in range(len(learner.groups)):
         msg = expect(link, "rollout_end", g=g)
+        if adopt is not None:
+            adopt(msg.header.get("v"))
         with busy("heads"):
             learner.end_rollout(msg, g)
 
@@ -218,37 +233,6 @@ def stage1_train(learner: Learner, exchange: LearnerExchange, link: Transport, b
                 update = exchange.update(epoch, mb)
             if update is not None:
                 link.send("heads", *update)
-
-
-def stage0_finish(edge: Edge, link: Transport, clock: PhaseClock, iteration: int, checkpoint: bool) -> dict[str, Any]:
-    """``iter_end`` -> stage1's statistics; stage0's checkpoint."""
-    with clock("link"):
-        link.send("iter_end", header={"iteration": iteration, "checkpoint": checkpoint})
-        stats = iteration_stats(link)
-    if checkpoint and edge.run_log is not None:
-        edge.run_log.checkpoint(STAGE0, iteration, edge.state_dict())
-    return stats
-
-
-def stage1_finish(learner: Learner, link: Transport, busy: PhaseClock, iteration: int, schedule: list[list[torch.Tensor]],
-                  run_log: RunLog | None, cpu_start: float) -> None:
-    """After ``iter_end``: train alone if the cut is before the first layer, checkpoint, send the statistics."""
-    msg = expect(link, "iter_end", iteration=iteration)
-    if learner.trains_alone:
-        for epoch, minibatches in enumerate(schedule):
-            with busy("heads"):
-                learner.train_alone(minibatches)
-            link.send("progress", header={"epoch": epoch})
-    stats = learner.iteration_stats()
-    stats["time/heads"] = busy.seconds["heads"]
-    if msg.header.get("checkpoint") and run_log is not None:
-        run_log.checkpoint(STAGE1, iteration, learner.state_dict())
-    stats["cpu/stage1"] = time.process_time() - cpu_start
-    link.send("iter_stats", header=stats)
-
-
-def checkpoint_due(iteration: int, last: int, every: int) -> bool:
-    return iteration == last or (every > 0 and iteration % every == 0)
 
 
 # -- the loops -----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from ..envs import EnvSpec, inspect_env
 from ..runs import RunLog, default_run_dir
 from ..settings import RunOptions, TrainSettings
 from ..stages import LIMITS, STAGE0, STAGE1, Edge, Learner, edge_exchange, learner_exchange
-from ..transport import TcpTransport, Transport, ZmqTransport
+from ..transport import PeerAbort, TcpTransport, Transport, TransportTimeout, ZmqTransport
 from ..transport.handshake import check_hello, handshake, send_hello
 from ..transport.local import LocalTransport
 from . import asynchronous, pipelined, sync
@@ -146,12 +146,19 @@ def train_twin(settings: TrainSettings, options: RunOptions) -> list[dict[str, A
     try:
         records = serve_stage0(edge, link0, checkpoint_every=options.checkpoint_every,
                                start_timeout=options.start_timeout)
+    except (PeerAbort, TransportTimeout):
+        thread.join(timeout=10)
+        if failure:  # stage0 only heard that stage1 stopped: stage1's own error says why
+            raise failure[0] from None
+        raise
     except BaseException:
         thread.join(timeout=10)
-        if failure:  # stage1's own error says more than stage0's "stage1 stopped"
-            raise failure[0] from None
+        if failure:
+            log.info("[stage1] stopped too: %s: %s", type(failure[0]).__name__, failure[0])
         raise
     thread.join(timeout=options.timeout)
     if failure:
         raise failure[0]
+    if thread.is_alive():
+        raise RuntimeError(f"stage1's thread did not finish within {options.timeout:g} s of stage0's close")
     return records

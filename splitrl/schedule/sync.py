@@ -19,9 +19,9 @@ import time
 from typing import Any
 
 from ..runs import RunLog
-from ..stages import STAGE0, STAGE1, Edge, EdgeExchange, Learner, LearnerExchange
+from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..transport import Transport
-from .common import IterationLog, PhaseClock, expect, iteration_stats
+from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish
 
 __all__ = ["stage0_loop", "stage1_loop"]
 
@@ -50,7 +50,7 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
         with clock("link"):
             link.send("rollout_end", *end)
             update = expect(link, "heads") if exchange.updates_after_rollout else None
-        schedule = edge.begin_training(iteration)
+        schedule = edge.begin_training(iteration)  # before the update: the replica reads this rollout's view
         if update is not None:
             with clock("codec"):
                 exchange.apply_update(update, {"iteration": iteration})
@@ -78,14 +78,9 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
                         with clock("codec"):
                             exchange.apply_update(update, {"iteration": iteration, "epoch": epoch, "mb": mb}, names)
 
-        # -- iteration end ------------------------------------------------------------
-        checkpoint = iteration == s.num_iterations or (checkpoint_every > 0 and iteration % checkpoint_every == 0)
-        with clock("link"):
-            link.send("iter_end", header={"iteration": iteration, "checkpoint": checkpoint})
-            stats = iteration_stats(link)
-        if checkpoint and edge.run_log is not None:
-            edge.run_log.checkpoint(STAGE0, iteration, edge.state_dict())
-        metrics.end(iteration, clock, stats)
+        # -- iteration end: iter_end -> stage1's statistics, checkpoints, the metrics line --
+        checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
+        metrics.end(iteration, clock, stage0_finish(edge, link, clock, iteration, checkpoint))
     return metrics.records
 
 
@@ -126,17 +121,6 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
                         link.send("heads", *update)
 
         # -- iteration end (with the cut before the first layer, stage1 trains now) ----
-        msg = expect(link, "iter_end", iteration=iteration)
-        if learner.trains_alone:
-            for epoch, minibatches in enumerate(schedule):
-                with busy("heads"):
-                    learner.train_alone(minibatches)
-                link.send("progress", header={"epoch": epoch})
-        stats = learner.iteration_stats()
-        stats["time/heads"] = busy.seconds["heads"]
-        if msg.header.get("checkpoint") and run_log is not None:
-            run_log.checkpoint(STAGE1, iteration, learner.state_dict())
-        stats["cpu/stage1"] = time.process_time() - cpu_start  # after the checkpoint, as stage0's includes its own
-        link.send("iter_stats", header=stats)
+        stage1_finish(learner, link, busy, iteration, schedule, run_log, cpu_start)
     expect(link, "close")
     return s.num_iterations

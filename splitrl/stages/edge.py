@@ -63,7 +63,7 @@ class Edge:
         self.optimizer = torch.optim.Adam(self.params, lr=settings.ppo.lr_encoder, eps=1e-5) if self.params else None
         self.acting = copy.deepcopy(self.net).requires_grad_(False) if acting_copy else self.net
         self.acting_version = 0
-        """Training iterations behind the weights the rollout acts with."""
+        """The training iterations done on the weights the rollout acts with."""
         self.published: tuple[int, nn.Module] | None = None
         n, t = settings.env.num_envs, settings.ppo.num_steps
         self.buffers = [torch.zeros((t, n) + spec.obs_shape, dtype=torch.uint8) for _ in range(slots)]
@@ -85,7 +85,7 @@ class Edge:
         """The iteration being trained on."""
         self.ema_return: float | None = None
         self.returns: list[float] = []
-        """Returns of the episodes finished since `take_returns` last took them."""
+        """Returns of the episodes finished since `rollout_summary` last took them."""
         self._returns_lock = threading.Lock()  # the asynchronous schedule takes them from its training thread
 
     @property
@@ -211,11 +211,14 @@ class Edge:
                                       "env": int(self.groups[g][i]), "return": r, "length": length,
                                       "ema_return": self.ema_return})
 
-    def take_returns(self) -> list[float]:
-        """The returns of the episodes finished since the last call."""
+    def rollout_summary(self) -> dict[str, Any]:
+        """Env steps so far, the returns of the episodes finished since the last call, the EMA of the returns.
+
+        The asynchronous schedule takes it when a rollout ends, so each iteration's metrics speak of
+        that iteration's rollout even though the next one is already running."""
         with self._returns_lock:
             returns, self.returns = self.returns, []
-        return returns
+        return {"global_step": self.global_step, "returns": returns, "ema_return": self.ema_return}
 
     # -- training --------------------------------------------------------------------
     def begin_training(self, iteration: int) -> list[list[torch.Tensor]]:

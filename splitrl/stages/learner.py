@@ -68,14 +68,18 @@ class Learner:
         keep_dtype = torch.uint8 if self.trains_alone else torch.float32
         self.inputs = [torch.zeros(keep, dtype=keep_dtype) for _ in range(slots)] if keep else None
         self.versions = [torch.zeros((t, n), dtype=torch.int64) for _ in range(slots)]
+        """The policy version that acted on each sample (training iterations done before it)."""
         self.last_values = [torch.zeros(n) for _ in range(slots)]
+        self.last_inputs = [torch.zeros(keep[1:], dtype=keep_dtype) for _ in range(slots)] if keep else None
+        self.last_versions = [torch.zeros(n, dtype=torch.int64) for _ in range(slots)]
         self.codecs = CodecSet(**settings.codecs.specs())
         self.iteration = 0
         """The iteration being collected."""
         self.train_iteration = 0
         """The iteration being trained on."""
         self.stats: dict[str, list[float]] = defaultdict(list)
-        self.staleness: dict[str, float] = {}
+        self.rollout_stats: dict[str, float] = {}
+        """Statistics of the rollout being trained on, taken when its training begins."""
 
     def set_groups(self, groups: int) -> None:
         """Expect the envs in ``groups`` equal groups that step in turn (stage0's ``plan``)."""
@@ -88,9 +92,16 @@ class Learner:
     def _slot(self, iteration: int) -> int:
         return iteration % len(self.buffers)
 
-    def global_step(self, t: int = 0) -> int:
-        """stage0's env-step count when it sent rollout step ``t`` of the iteration being collected."""
-        return (self.iteration - 1) * self.settings.steps_per_iteration + t * self.settings.env.num_envs
+    def global_step(self, t: int = 0, g: int = 0) -> int:
+        """stage0's env-step count when it encoded group ``g``'s step ``t`` of the iteration being collected.
+
+        The groups step in order (`splitrl.schedule.pipelined`): before step t + 1 of group g, every
+        group has taken t steps and groups 0 .. g one more."""
+        start = (self.iteration - 1) * self.settings.steps_per_iteration
+        if t == 0:
+            return start
+        size = self.groups[g].stop - self.groups[g].start
+        return start + (t - 1) * self.settings.env.num_envs + (g + 1) * size
 
     @property
     def train_step(self) -> int:
@@ -131,16 +142,19 @@ class Learner:
         with torch.no_grad():
             if t > 0:
                 self._record_outcome(t - 1, msg, g)
-            ctx = Context(idx=t * n + rows, envs=rows, global_step=self.global_step(t))
+            ctx = Context(idx=t * n + rows, envs=rows, global_step=self.global_step(t, g))
             x = self._input(msg, ctx)
             u, logprob, _, value = self.acting.get_action_and_value(x, generator=self.generator)
         self.buffer.add(t, actions=u, logprobs=logprob, values=value, envs=envs)
         slot = self._slot(self.iteration)
         if self.inputs is not None:
             self.inputs[slot][t, envs] = x
-        # Without a copy the heads act as they are: trained iteration - 1 times.
-        self.versions[slot][t, envs] = self.acting_version if self.acting is not self.heads else self.iteration - 1
+        self.versions[slot][t, envs] = self._acting_version()
         return {"action": torch.tanh(u)}, {}
+
+    def _acting_version(self) -> int:
+        # Without a copy the heads act as they are: trained iteration - 1 times.
+        return self.acting_version if self.acting is not self.heads else self.iteration - 1
 
     def end_rollout(self, msg: Message, g: int = 0) -> None:
         """Group ``g``'s last outcome and the value of the observation it bootstraps from."""
@@ -148,8 +162,12 @@ class Learner:
         with torch.no_grad():
             self._record_outcome(ppo.num_steps - 1, msg, g)
             rows = torch.arange(self.groups[g].start, self.groups[g].stop)
-            ctx = Context(envs=rows, global_step=self.global_step(ppo.num_steps))
-            self.last_values[self._slot(self.iteration)][self.groups[g]] = self.acting.get_value(self._input(msg, ctx))
+            ctx = Context(envs=rows, global_step=self.global_step(ppo.num_steps, g))
+            x, slot = self._input(msg, ctx), self._slot(self.iteration)
+            self.last_values[slot][self.groups[g]] = self.acting.get_value(x)
+        self.last_versions[slot][self.groups[g]] = self._acting_version()
+        if self.last_inputs is not None:
+            self.last_inputs[slot][self.groups[g]] = x
 
     def _record_outcome(self, step: int, msg: Message, g: int) -> None:
         envs = self.groups[g]
@@ -162,7 +180,7 @@ class Learner:
             index = msg.tensors["final_index"]
             if index.dtype != torch.int64 or index.dim() != 1 or not bool(((index >= 0) & (index < n)).all()):
                 raise ProtocolError(f"{msg.kind}: final_index: expected int64 env indices in [0, {n}), got {index}")
-            ctx = Context(envs=index + envs.start, global_step=self.global_step(step + 1))
+            ctx = Context(envs=index + envs.start, global_step=self.global_step(step + 1, g))
             final_values[index] = self.acting.get_value(self._input(msg, ctx, "final_features"))
         self.buffer.add_outcome(step, rewards=reward, terminated=terminated, truncated=truncated,
                                 final_values=final_values, envs=envs)
@@ -171,28 +189,50 @@ class Learner:
     def begin_training(self, iteration: int) -> list[list[torch.Tensor]]:
         """Advantages and returns of ``iteration``'s rollout; its minibatch indices per epoch (as on stage0).
 
-        Samples acted on by an older policy than the one training (the asynchronous
-        schedule) get importance weights min(1, pi / mu) in their value targets, pi
-        taken by the current heads on the features the rollout sent.
+        Samples an older policy acted on than the one training (the asynchronous
+        schedule: version < iteration - 1) are scored again by the heads that train,
+        on the features the rollout sent: their values become the current critic's
+        and their value targets get truncated importance weights min(1, pi / mu)
+        (`splitrl.ppo.compute_gae`); PPO's ratio stays against mu, the log-probability
+        that acted. The encoder's own lag is not corrected: scoring with the current
+        encoder would need another pass of those samples across the link.
         """
         ppo, slot = self.settings.ppo, self._slot(iteration)
         self.train_iteration = iteration
         self.train_buffer = buffer = self.buffers[slot]
         lag = (iteration - 1) - self.versions[slot]
-        weights = None
+        weights, last_values = None, self.last_values[slot]
         if bool((lag > 0).any()):
-            inputs = self.inputs[slot].reshape((-1,) + self.inputs[slot].shape[2:])
-            actions = buffer.actions.reshape(-1, self.spec.action_dim)
-            with torch.no_grad():
-                logprob = torch.cat([self.heads.get_action_and_value(inputs[rows], actions[rows])[1]
-                                     for rows in torch.arange(len(inputs)).split(512)])
-            ratio = (logprob.reshape(lag.shape) - buffer.logprobs).exp()
-            weights = torch.where(lag > 0, ratio.clamp(max=1.0), torch.ones_like(ratio))
-        buffer.finish(self.last_values[slot], ppo.gamma, ppo.gae_lambda, weights)
+            stale = lag > 0
+            logprob, value = self._score(self.inputs[slot], buffer.actions)
+            weights = torch.where(stale, (logprob - buffer.logprobs).exp().clamp(max=1.0), torch.ones_like(logprob))
+            buffer.values[stale] = value[stale]
+            last_stale = (iteration - 1) - self.last_versions[slot] > 0
+            _, last_value = self._score(self.last_inputs[slot][None], None)
+            last_values = torch.where(last_stale, last_value[0], last_values)
+        buffer.finish(last_values, ppo.gamma, ppo.gae_lambda, weights)
+        # Now, not at the iteration's end: by then the next rollout may be writing this slot.
+        self.rollout_stats = {"losses/explained_variance": explained_variance(buffer.b_values, buffer.b_returns)}
         if self.acting is not self.heads:
-            self.staleness = {"async/staleness_mean": float(lag.float().mean()), "async/staleness_max": float(lag.max())}
+            self.rollout_stats.update({"async/staleness_mean": float(lag.float().mean()),
+                                       "async/staleness_max": float(lag.max())})
         self.codecs.new_iteration("fwd", "bwd")
         return minibatch_schedule(self.settings.seed, iteration, ppo.epochs, buffer.batch_size, ppo.minibatches)
+
+    def _score(self, inputs: torch.Tensor, actions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training heads' (log-prob of ``actions``, value) for stored inputs shaped (T, N, ...), by rows."""
+        t, n = inputs.shape[:2]
+        flat = inputs.reshape((t * n,) + inputs.shape[2:])
+        flat_actions = None if actions is None else actions.reshape(t * n, -1)
+        logprobs, values = [], []
+        with torch.no_grad():
+            for rows in torch.arange(t * n).split(512):
+                mean, value = self.heads.outputs(flat[rows])
+                if flat_actions is not None:
+                    logprobs.append(self.heads.evaluate(mean, value, flat_actions[rows])[1])
+                values.append(value)
+        logprob = torch.cat(logprobs).reshape(t, n) if logprobs else torch.empty(0)
+        return logprob, torch.cat(values).reshape(t, n)
 
     def loss(self, idx: torch.Tensor, mean: torch.Tensor, value: torch.Tensor,
              minibatch: torch.Tensor | None = None) -> torch.Tensor:
@@ -237,9 +277,7 @@ class Learner:
     def iteration_stats(self) -> dict[str, Any]:
         """Mean losses over the iteration's minibatches, the explained variance, the staleness; starts the next count."""
         stats: dict[str, Any] = {k: sum(v) / len(v) for k, v in self.stats.items() if v}
-        b = self.train_buffer
-        stats["losses/explained_variance"] = explained_variance(b.b_values, b.b_returns)
-        stats.update(self.staleness)
+        stats.update(self.rollout_stats)
         self.stats.clear()
         return stats
 

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from splitrl.launch import free_port
+from splitrl.netem.netns import wait_for_line
 
 from ..conftest import child_env
 
@@ -46,7 +47,7 @@ def relayed(tmp_path):
                                  "--to", "127.0.0.1", "--delay", delay, "--jitter", jitter],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
         procs.append(proc)
-        assert "relay ready" in proc.stdout.readline()
+        assert wait_for_line(proc, "relay ready", timeout=60), "the relay did not start"
         return port
 
     yield start
@@ -56,13 +57,21 @@ def relayed(tmp_path):
         proc.wait(10)
 
 
+def _receive(conn: socket.socket, size: int) -> bytes:
+    got = b""
+    while len(got) < size:
+        chunk = conn.recv(65536)  # the socket's timeout bounds each wait
+        if not chunk:
+            raise AssertionError(f"the relay closed the connection after {len(got)} of {size} bytes")
+        got += chunk
+    return got
+
+
 def _round_trip(port: int, payload: bytes) -> tuple[bytes, float]:
     with socket.create_connection(("127.0.0.2", port), timeout=10) as conn:
         start = time.perf_counter()
         conn.sendall(payload)
-        got = b""
-        while len(got) < len(payload):
-            got += conn.recv(65536)
+        got = _receive(conn, len(payload))
         return got, time.perf_counter() - start
 
 
@@ -79,9 +88,7 @@ def test_jitter_never_reorders_and_nothing_is_lost(relayed):
     with socket.create_connection(("127.0.0.2", port), timeout=10) as conn:
         for i in range(0, len(payload), 1000):  # many small writes: many chunks, each with its own jitter
             conn.sendall(payload[i: i + 1000])
-        got = b""
-        while len(got) < len(payload):
-            got += conn.recv(65536)
+        got = _receive(conn, len(payload))
     assert got == payload
 
 

@@ -1,5 +1,6 @@
 """The pipelined and asynchronous schedules: what they may change (nothing, or float sums) and what they keep."""
 
+import dataclasses
 import json
 import subprocess
 
@@ -87,9 +88,11 @@ def test_with_one_group_and_one_micro_batch_the_pipelined_loops_are_the_synchron
             assert a[key] == b[key], key
 
 
-def test_micro_batches_change_the_update_only_by_the_order_of_float_sums(tmp_path):
-    _train_in_process(tmp_path / "m1", _tiny())
-    _train_in_process(tmp_path / "m4", _tiny(microbatches=4))
+@pytest.mark.parametrize("exchange", ["features", "replica:sync=fp32,all_every=1"])
+def test_micro_batches_change_the_update_only_by_the_order_of_float_sums(tmp_path, exchange):
+    codecs = CodecSettings(exchange=exchange)
+    _train_in_process(tmp_path / "m1", dataclasses.replace(_tiny(), codecs=codecs))
+    _train_in_process(tmp_path / "m4", dataclasses.replace(_tiny(microbatches=4), codecs=codecs))
     from splitrl.models import build_agent
 
     initial = dict(zip(("stage0", "stage1"), (m.state_dict() for m in build_agent((4, 96, 96), 3, "cnn", 1, -0.5))))
@@ -98,6 +101,19 @@ def test_micro_batches_change_the_update_only_by_the_order_of_float_sums(tmp_pat
         diff = sum(float(((four[stage][k] - one[stage][k]) ** 2).sum()) for k in one[stage])
         move = sum(float(((one[stage][k] - initial[stage][k]) ** 2).sum()) for k in one[stage])
         assert move > 0 and (diff / move) ** 0.5 < 1e-4, stage
+
+
+def test_asynchronous_with_no_staleness_computes_what_the_pipelined_schedule_does(tmp_path):
+    """With --max-staleness 0 the rollout waits for training: the acting copies always hold the
+    trained weights, nothing lags, so the numbers are the pipelined schedule's, bit for bit."""
+    args = TWO_ENVS + ["--rollout-groups", "2", "--microbatches", "2"]
+    _twin(tmp_path / "pipelined", *args)
+    _twin(tmp_path / "async", *args, "--async", "--max-staleness", "0")
+    _assert_same_states(_states(tmp_path / "pipelined"), _states(tmp_path / "async"))
+    piped = _metrics(tmp_path / "pipelined")
+    asynchronous = [{k: v for k, v in r.items() if not k.startswith("async/")} for r in _metrics(tmp_path / "async")]
+    assert [{k: v for k, v in r.items() if not k.startswith("net")} for r in piped] == \
+        [{k: v for k, v in r.items() if not k.startswith("net")} for r in asynchronous]
 
 
 def test_auto_groups_hide_the_round_trip_with_the_fewest_groups():
@@ -114,7 +130,9 @@ def test_auto_groups_are_chosen_and_recorded(tmp_path):
                              schedule=ScheduleSettings(rollout_groups="auto"))
     _train_in_process(tmp_path / "auto", settings)
     rows = [json.loads(line) for line in (tmp_path / "auto" / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["schedule/rollout_groups"] in (1, 2) and rows[-1]["global_step"] == 128
+    # Any round trip above zero needs a second group; two envs allow no more.
+    assert rows[-1]["link/rtt_ms"] > 0 and rows[-1]["schedule/rollout_groups"] == 2
+    assert rows[-1]["global_step"] == 128
 
 
 @pytest.mark.parametrize("bound", [0, 1])
@@ -130,12 +148,9 @@ def test_asynchronous_split_runs_within_its_staleness_bound(tmp_path, spawn, bou
     assert code0 == 0 and code1 == 0, out0 + out1
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1, 2, 3] and rows[-1]["global_step"] == 96
-    assert all(r["async/staleness_max"] <= bound for r in rows)
+    assert all(r["async/staleness_max"] <= bound for r in rows)  # how far below depends on the machine's timing
     assert rows[0]["async/staleness_max"] == 0  # the first rollout acts with the initial weights it trains
-    if bound:
-        # The second rollout starts as the first iteration starts training: its first steps act with
-        # version 0 while version 1 trains on them.
-        assert rows[1]["async/staleness_max"] == 1 and 0 < rows[1]["async/staleness_mean"] < 1
+    assert [r["global_step"] for r in rows] == [32, 64, 96]  # each row speaks of its own rollout
     for stage in ("stage0", "stage1"):
         assert (run / "checkpoints" / f"{stage}-iter00003.pt").exists()
     episodes = (run / "episodes.jsonl").read_text().splitlines()

@@ -1,5 +1,6 @@
 """Bad input gets a clear error, and no stage hangs when its peer misbehaves."""
 
+import dataclasses
 import re
 import signal
 import subprocess
@@ -11,8 +12,8 @@ import torch
 
 from splitrl.launch import free_port_pair
 from splitrl.envs import EnvSpec
-from splitrl.settings import EnvSettings, PPOSettings, RunOptions, TrainSettings
-from splitrl.schedule import prepare
+from splitrl.settings import EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
+from splitrl.schedule import prepare, session
 from splitrl.schedule.sync import stage1_loop
 from splitrl.stages import LIMITS, Learner, learner_exchange
 from splitrl.transport import ProtocolError
@@ -113,15 +114,16 @@ ROLLOUT = [_step(t) for t in range(4)] + [_msg("rollout_end", {}, features=torch
 TRAINING = [_msg("train_fwd", {"epoch": 0, "mb": mb}, features=torch.zeros(4, 4096)) for mb in range(2)]
 
 
-def stage1_refuses(messages):
+def stage1_refuses(messages, loop=None, settings=None):
     """Feed ``messages`` to stage1's loop (in-process, on a thread) and return the error that stopped it."""
-    learner = Learner(SETTINGS, SPEC)
+    settings = settings or SETTINGS
+    learner = session.make_learner(settings, SPEC)
     ours, theirs = LocalTransport.pair("test", "stage1", limits=LIMITS, timeout=5)
     failure = []
 
     def serve():
         try:
-            stage1_loop(learner, learner_exchange(learner), theirs)
+            (loop or stage1_loop)(learner, learner_exchange(learner), theirs)
         except Exception as exc:
             failure.append(exc)
 
@@ -157,3 +159,58 @@ def test_stage1_refuses_out_of_protocol_messages(messages, expected):
     error = stage1_refuses(messages)
     assert isinstance(error, ProtocolError)
     assert re.search(expected, str(error)), str(error)
+
+
+PINGS = [_msg("ping", {"i": i}) for i in range(5)]
+
+
+def _plan(groups):
+    return _msg("plan", {"rollout_groups": groups})
+
+
+def _group_step(t, g, **header):
+    kind, tensors, head = _step(t)
+    tensors = {k: v[:1] if v.dim() else v for k, v in tensors.items()}  # one env a group
+    return kind, tensors, {**head, "g": g, **header}
+
+
+@pytest.mark.parametrize(
+    "loop, messages, expected",
+    [
+        ("pipelined", PINGS + [_plan(3)], "plan: expected rollout_groups dividing 2"),
+        ("pipelined", PINGS[:2] + [_plan(2)], "expected 'ping'"),
+        ("pipelined", PINGS + [_plan(2), _group_step(0, 1)], "step: expected t=0, g=0, got t=0, g=1"),
+        ("pipelined", PINGS + [_plan(1), _msg("step", {"t": 0, "g": 0}, features=torch.zeros(2, 4096))]
+         + [_msg("step", {"t": t, "g": 0}, features=torch.zeros(2, 4096), reward=torch.zeros(2),
+                 terminated=torch.zeros(2, dtype=torch.bool), truncated=torch.zeros(2, dtype=torch.bool))
+            for t in range(1, 4)]
+         + [_msg("rollout_end", {"g": 0}, features=torch.zeros(2, 4096), reward=torch.zeros(2),
+                 terminated=torch.zeros(2, dtype=torch.bool), truncated=torch.zeros(2, dtype=torch.bool)),
+            _msg("train_fwd", {"epoch": 0, "mb": 0, "j": 1}, features=torch.zeros(4, 4096))],
+         "train_fwd: expected epoch=0, mb=0, j=0, got epoch=0, mb=0, j=1"),
+        ("async", PINGS + [_plan(2), _group_step(0, 0)], "acting version v >= 0, got None"),
+        ("async", PINGS + [_plan(2), _group_step(0, 0, v=-1)], "acting version v >= 0, got -1"),
+    ],
+    ids=["plan-groups", "too-few-pings", "group-order", "micro-batch-order", "no-version", "bad-version"],
+)
+def test_the_pipelined_and_asynchronous_loops_refuse_out_of_protocol_messages(loop, messages, expected):
+    from splitrl.schedule import asynchronous, pipelined
+
+    before = threading.active_count()
+    module = {"pipelined": pipelined, "async": asynchronous}[loop]
+    schedule = ScheduleSettings(rollout_groups="auto", microbatches=2, asynchronous=loop == "async")
+    settings = dataclasses.replace(SETTINGS, schedule=schedule)
+    error = stage1_refuses(messages, module.stage1_loop, settings)
+    assert isinstance(error, ProtocolError)
+    assert re.search(expected, str(error)), str(error)
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before and time.monotonic() < deadline:  # the async loop's threads stop too
+        time.sleep(0.05)
+    assert threading.active_count() == before
+
+
+def test_stage1_refuses_to_act_with_a_version_it_never_published():
+    learner = Learner(SETTINGS, SPEC, slots=2, acting_copy=True)
+    learner.publish()  # version 0 (train_iteration 0)
+    with pytest.raises(ProtocolError, match="policy version 3"):
+        learner.adopt(3)

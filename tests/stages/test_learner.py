@@ -1,0 +1,64 @@
+"""The learner's bookkeeping of policy versions: which samples lag, what they are weighted by."""
+
+import torch
+
+from splitrl.envs import EnvSpec
+from splitrl.ppo import compute_gae
+from splitrl.settings import EnvSettings, PPOSettings, TrainSettings
+from splitrl.stages import Learner
+from splitrl.transport.wire import Message
+
+SPEC = EnvSpec(obs_shape=(4, 96, 96), action_dim=3, action_low=(-1.0, 0.0, 0.0), action_high=(1.0, 1.0, 1.0))
+SETTINGS = TrainSettings(env=EnvSettings(num_envs=2), ppo=PPOSettings(num_steps=4, epochs=1, minibatches=2))
+
+
+def _rollout(learner, iteration, features, adopt_at=None):
+    """Four steps of two envs; with ``adopt_at`` the heads of version 1 act from that step on."""
+    learner.begin_rollout(iteration)
+    outcome = {"reward": torch.ones(2), "terminated": torch.zeros(2, dtype=torch.bool),
+               "truncated": torch.zeros(2, dtype=torch.bool)}
+    for t in range(4):
+        if t == adopt_at:
+            learner.adopt(1)
+        tensors = {"features": features[t]} if t == 0 else {"features": features[t], **outcome}
+        learner.act(t, Message("step", {}, tensors))
+    learner.end_rollout(Message("rollout_end", {}, {"features": features[4], **outcome}))
+
+
+def test_samples_an_older_policy_acted_on_are_scored_and_weighted_by_the_one_that_trains():
+    g = torch.Generator().manual_seed(0)
+    learner = Learner(SETTINGS, SPEC, slots=2, acting_copy=True)
+    first = torch.rand(5, 2, 4096, generator=g)
+    _rollout(learner, 1, first)
+    learner.begin_training(1)
+    assert learner.rollout_stats["async/staleness_max"] == 0  # version 0 acted, version 0 trains
+    with torch.no_grad():  # "training" iteration 1
+        for p in learner.heads.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    learner.publish()
+
+    second = torch.rand(5, 2, 4096, generator=g)
+    _rollout(learner, 2, second, adopt_at=2)  # steps 0 and 1 acted by version 0, steps 2 and 3 by version 1
+    b = learner.buffers[0]
+    behaviour_logprobs, behaviour_values = b.logprobs.clone(), b.values.clone()
+    learner.begin_training(2)
+    assert learner.rollout_stats["async/staleness_mean"] == 0.5
+    assert learner.rollout_stats["async/staleness_max"] == 1
+
+    # What the heads that train say about every sample; only the two lagging steps take it.
+    with torch.no_grad():
+        mean, value = learner.heads.outputs(second[:4].reshape(8, 4096))
+        _, logprob, _, _ = learner.heads.evaluate(mean, value, b.actions.reshape(8, 3))
+        last_value = learner.heads.get_value(second[4])
+    value, logprob = value.reshape(4, 2), logprob.reshape(4, 2)
+    torch.testing.assert_close(b.values[:2], value[:2])
+    assert torch.equal(b.values[2:], behaviour_values[2:])  # version 1 acted there: its values are current
+    assert torch.equal(b.logprobs, behaviour_logprobs)  # PPO's ratio stays against the policy that acted
+    weights = torch.ones(4, 2)
+    weights[:2] = (logprob[:2] - behaviour_logprobs[:2]).exp().clamp(max=1.0)
+    assert bool((weights[:2] < 1).any())  # the policy moved: some weights bite
+    torch.testing.assert_close(learner.last_values[0], last_value)  # bootstrapped by version 1, the current one
+    advantages, returns = compute_gae(b.rewards, b.values, b.terminated, b.truncated, b.final_values,
+                                      learner.last_values[0], 0.99, 0.95, weights)
+    torch.testing.assert_close(b.advantages, advantages)
+    torch.testing.assert_close(b.returns, returns)
