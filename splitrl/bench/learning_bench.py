@@ -46,12 +46,13 @@ CONFIGS: dict[str, list[str]] = {
     # and all weights every 80 minibatches, which keeps it under 1/20 of bf16's bytes.
     "ours-replica-sync": ["--codec-rollout", "int8+zstd", "--exchange", "replica:last_every=1,all_every=80"],
     "cloud-frames": ["--cut", "input", "--codec-rollout", "frames"],
-    # The schedules of splitrl/schedule/ with fp32 on the link: the paper's 4096 samples an iteration
-    # from 2 envs x 2048 steps in 2 groups, 4 micro-batches a minibatch, envs in worker processes;
-    # then the same with the rollout of the next iteration running while this one trains.
-    "pipelined": ["--num-envs", "2", "--num-steps", "2048", "--rollout-groups", "2", "--microbatches", "4",
+    # The schedules of splitrl/schedule/ with fp32 on the link, as `splitrl bench pipeline` measures them:
+    # the paper's 4096 samples an iteration from 4 envs x 1024 steps in 4 groups, 2 micro-batches a
+    # minibatch, envs in worker processes; then the same with the rollout of the next iteration running
+    # while this one trains.
+    "pipelined": ["--num-envs", "4", "--num-steps", "1024", "--rollout-groups", "4", "--microbatches", "2",
                   "--vector", "async"],
-    "async": ["--num-envs", "2", "--num-steps", "2048", "--rollout-groups", "2", "--microbatches", "4",
+    "async": ["--num-envs", "4", "--num-steps", "1024", "--rollout-groups", "4", "--microbatches", "2",
               "--vector", "async", "--async"],
 }
 """The paper's (fp32 features, sparse gradients after a 30,000-step warm start), the

@@ -32,15 +32,19 @@ __all__ = ["MODES", "run_pipeline_bench", "pipeline_table"]
 
 log = logging.getLogger(__name__)
 
-PAIR = ["--num-envs", "2", "--num-steps", "2048"]
-"""4096 samples an iteration, as the paper's 1 x 4096, from two envs the groups can take turns with."""
+QUAD = ["--num-envs", "4", "--num-steps", "1024"]
+"""4096 samples an iteration, as the paper's 1 x 4096, from four envs: enough groups to hide a 20 ms
+round trip (K >= 1 + RTT / env step, about 12 ms a CarRacing step here)."""
+OVERLAP = ["--threads", "1"]
+"""Once both stages compute at the same time, one intra-op thread each: with torch's default (two on this
+2-core machine) the two processes' threads fight for the cores (measured: micro-batches slower, not faster)."""
 MODES: dict[str, list[str]] = {
     "sync": [],
     "+ async envs": ["--vector", "async"],
-    "+ 2 envs": ["--vector", "async", *PAIR],
-    "+ pipelined rollout": ["--vector", "async", *PAIR, "--rollout-groups", "2"],
-    "+ micro-batches": ["--vector", "async", *PAIR, "--rollout-groups", "2", "--microbatches", "4"],
-    "+ async": ["--vector", "async", *PAIR, "--rollout-groups", "2", "--microbatches", "4", "--async"],
+    "+ 4 envs": ["--vector", "async", *QUAD],
+    "+ pipelined rollout": ["--vector", "async", *QUAD, "--rollout-groups", "4", *OVERLAP],
+    "+ micro-batches": ["--vector", "async", *QUAD, "--rollout-groups", "4", "--microbatches", "2", *OVERLAP],
+    "+ async": ["--vector", "async", *QUAD, "--rollout-groups", "4", "--microbatches", "2", *OVERLAP, "--async"],
 }
 """Each row adds one mechanism to the one before; 'sync' is today's schedule (1 env x 4096 steps)."""
 
