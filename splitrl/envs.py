@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -11,8 +12,8 @@ from gymnasium.vector import AutoresetMode
 
 from .settings import EnvSettings
 
-__all__ = ["EnvSpec", "StepInTwo", "VECTOR_MODES", "make_single_env", "make_vector_env", "to_env_action", "inspect_env",
-           "to_chw"]
+__all__ = ["EnvSpec", "Replayable", "StepInTwo", "VECTOR_MODES", "make_single_env", "make_vector_env", "to_env_action",
+           "inspect_env", "to_chw", "vector_env_state", "restore_vector_env"]
 
 VECTOR_MODES = ("sync", "async")
 
@@ -28,6 +29,52 @@ class EnvSpec:
     action_high: tuple[float, ...]
 
 
+class Replayable(gym.Wrapper):
+    """Keeps what rebuilds this env exactly: how its episode began and the actions since.
+
+    An env's own state (CarRacing's Box2D world) cannot be saved, but its dynamics are
+    deterministic: an env reset from the same seed, or from the same state of its random
+    generator, and given the same actions, passes through the same states, frame stack
+    and time limit included. `snapshot` is that recipe; `restore` follows it (at most one
+    episode of steps) and returns the observation it ends at.
+    """
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.start: dict[str, Any] = {}
+        self.actions: list[np.ndarray] = []
+        self.pending: dict[str, Any] | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        # The generator as the reset found it: an episode begun without a seed draws its track from it.
+        state = None if seed is not None else copy.deepcopy(self.unwrapped.np_random.bit_generator.state)
+        self.start, self.actions = {"seed": seed, "rng": state}, []
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        self.actions.append(np.array(action, copy=True))
+        return super().step(action)
+
+    def snapshot(self) -> dict[str, Any]:
+        actions = np.stack(self.actions) if self.actions else np.zeros((0,) + self.action_space.shape, np.float32)
+        return {**self.start, "actions": actions}
+
+    def restore(self, snapshot: dict[str, Any] | None = None) -> Any:
+        """Rebuild the state ``snapshot`` (default: the one `pending` holds) describes; its observation."""
+        snapshot = snapshot if snapshot is not None else self.pending
+        self.pending = None
+        if snapshot["seed"] is None:
+            self.unwrapped.np_random.bit_generator.state = snapshot["rng"]
+        obs, _ = self.reset(seed=snapshot["seed"])
+        if snapshot["seed"] is None:  # reset() recorded the generator after we set it: the same state
+            self.start["rng"] = snapshot["rng"]
+        for action in snapshot["actions"]:
+            obs, _, terminated, truncated, _ = self.step(action)
+            if terminated or truncated:
+                raise ValueError("an env snapshot's actions end its episode before the last: it cannot be replayed")
+        return obs
+
+
 def make_single_env(settings: EnvSettings) -> gym.Env:
     """One environment with the configured observation pipeline."""
     kwargs = {"max_episode_steps": settings.max_episode_steps} if settings.max_episode_steps else {}
@@ -40,7 +87,7 @@ def make_single_env(settings: EnvSettings) -> gym.Env:
         env = gym.wrappers.ResizeObservation(env, (settings.resize, settings.resize))
     if settings.frame_stack > 1:
         env = gym.wrappers.FrameStackObservation(env, settings.frame_stack)
-    return env
+    return Replayable(env)
 
 
 class StepInTwo(gym.vector.VectorWrapper):
@@ -105,6 +152,48 @@ def make_vector_env(settings: EnvSettings, *, vector: str = "sync", reward_gamma
         if reward_clip > 0:
             envs = gym.wrappers.vector.ClipReward(envs, -reward_clip, reward_clip)
     return envs, stepper
+
+
+_WRAPPER_STATE = {
+    "RecordEpisodeStatistics": ("episode_count", "episode_start_times", "episode_returns", "episode_lengths",
+                                "prev_dones", "time_queue", "return_queue", "length_queue"),
+    "NormalizeReward": ("accumulated_reward", "_prev_dones", "_update_running_mean"),
+}
+"""What gymnasium's vector wrappers (1.x) keep between steps; NormalizeReward's running statistics as well."""
+
+
+def vector_env_state(envs: gym.vector.VectorEnv) -> dict[str, Any]:
+    """Everything that determines the envs' future: each env's `Replayable.snapshot` and the wrappers' state."""
+    wrappers: dict[str, Any] = {}
+    layer: Any = envs
+    while isinstance(layer, gym.vector.VectorWrapper):
+        name = type(layer).__name__
+        state = {key: copy.deepcopy(getattr(layer, key)) for key in _WRAPPER_STATE.get(name, ())}
+        if name == "NormalizeReward":
+            rms = layer.return_rms
+            state["return_rms"] = (copy.deepcopy(rms.mean), copy.deepcopy(rms.var), rms.count)
+        if state:
+            wrappers[name] = state
+        layer = layer.env
+    return {"envs": list(envs.unwrapped.call("snapshot")), "wrappers": wrappers}
+
+
+def restore_vector_env(envs: gym.vector.VectorEnv, state: dict[str, Any]) -> np.ndarray:
+    """Put ``envs`` (reset already) back into ``state`` (`vector_env_state`); the observations it ends at."""
+    if len(state["envs"]) != envs.num_envs:
+        raise ValueError(f"the saved state has {len(state['envs'])} envs, these are {envs.num_envs}")
+    envs.unwrapped.set_attr("pending", list(state["envs"]))  # each env (in its worker, if any) takes its own
+    obs = np.stack(envs.unwrapped.call("restore"))
+    layer: Any = envs
+    while isinstance(layer, gym.vector.VectorWrapper):
+        saved = state["wrappers"].get(type(layer).__name__, {})
+        for key, value in saved.items():
+            if key == "return_rms":
+                layer.return_rms.mean, layer.return_rms.var, layer.return_rms.count = copy.deepcopy(value)
+            else:
+                setattr(layer, key, copy.deepcopy(value))
+        layer = layer.env
+    return obs
 
 
 def to_env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray, mode: str) -> np.ndarray:

@@ -13,14 +13,23 @@ through these readers (`link_bytes`, `iteration_bytes`, ...) and `summarise_run`
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 __all__ = [
     "RunLog",
+    "CheckpointError",
+    "checkpoint_path",
+    "checkpoint_iterations",
+    "load_checkpoint",
+    "truncate_logs",
+    "check_fresh",
     "default_run_dir",
     "read_metrics",
     "read_episodes",
@@ -45,12 +54,24 @@ def _clean(value: Any) -> Any:
     return value
 
 
-class RunLog:
-    """Append-only JSON-lines files in one directory."""
+class CheckpointError(OSError):
+    """A checkpoint could not be written (the path and the reason are in the message); the older ones are intact."""
 
-    def __init__(self, run_dir: str | Path) -> None:
+
+class RunLog:
+    """One run directory: JSON-lines files appended to, checkpoints written atomically.
+
+    A checkpoint ``checkpoints/<stage>-iterNNNNN.pt`` is written to a temporary file,
+    flushed to disk and renamed into place, then its SHA-256 goes beside it
+    (``.sha256``, written the same way): a checkpoint counts only once both are there
+    and agree, so a stage killed or out of disk mid-write leaves the previous one as
+    the newest. ``keep`` newest checkpoints per stage are kept (0: all).
+    """
+
+    def __init__(self, run_dir: str | Path, keep: int = 0) -> None:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.keep = keep
 
     def write_config(self, config: dict[str, Any], name: str = "config.json") -> None:
         (self.dir / name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -66,12 +87,89 @@ class RunLog:
         self._append("episodes.jsonl", record)
 
     def checkpoint(self, stage: str, iteration: int, state: dict[str, Any]) -> Path:
-        path = self.dir / "checkpoints" / f"{stage}-iter{iteration:05d}.pt"
-        path.parent.mkdir(exist_ok=True)
+        """Write ``state`` as ``stage``'s checkpoint of ``iteration``; `CheckpointError` naming the path if it fails."""
         import torch  # reading a run directory needs no torch
 
-        torch.save(state, path)
+        path = checkpoint_path(self.dir, stage, iteration)
+        path.parent.mkdir(exist_ok=True)
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = buffer.getvalue()
+        try:
+            _write_atomically(path, data)
+            _write_atomically(path.with_name(path.name + ".sha256"), hashlib.sha256(data).hexdigest().encode())
+        except OSError as exc:
+            raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc}; the previous one is "
+                                  f"intact") from None
+        if self.keep:
+            for old in checkpoint_iterations(self.dir, stage)[:-self.keep]:
+                for leftover in (checkpoint_path(self.dir, stage, old),
+                                 checkpoint_path(self.dir, stage, old).with_suffix(".pt.sha256")):
+                    leftover.unlink(missing_ok=True)
         return path
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a crash
+    finally:
+        os.close(directory)
+
+
+def checkpoint_path(run_dir: str | Path, stage: str, iteration: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"{stage}-iter{iteration:05d}.pt"
+
+
+def checkpoint_iterations(run_dir: str | Path, stage: str) -> list[int]:
+    """The iterations of ``stage``'s complete checkpoints (written whole, checksum beside), ascending.
+
+    The checksum is compared when a checkpoint is loaded (`load_checkpoint`), not here."""
+    found = []
+    for path in (Path(run_dir) / "checkpoints").glob(f"{stage}-iter*.pt"):
+        digits = path.stem.rpartition("-iter")[2]
+        if digits.isdigit() and path.with_name(path.name + ".sha256").exists():
+            found.append(int(digits))
+    return sorted(found)
+
+
+def load_checkpoint(run_dir: str | Path, stage: str, iteration: int) -> dict[str, Any]:
+    """``stage``'s checkpoint of ``iteration``, after checking its SHA-256; ValueError if it does not match."""
+    import torch
+
+    path = checkpoint_path(run_dir, stage, iteration)
+    data = path.read_bytes()
+    expected = path.with_name(path.name + ".sha256").read_text().strip()
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise ValueError(f"checkpoint {path} does not match its checksum: it is damaged")
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def truncate_logs(run_dir: str | Path, iteration: int) -> None:
+    """Drop metrics and episodes of iterations after ``iteration`` (a resumed run writes them again)."""
+    for name in ("metrics.jsonl", "episodes.jsonl"):
+        path = Path(run_dir) / name
+        if path.exists():
+            kept = [json.dumps(r) + "\n" for r in _read_jsonl(path) if r.get("iteration", 0) <= iteration]
+            _write_atomically(path, "".join(kept).encode())
+
+
+def check_fresh(run_dir: str | Path) -> None:
+    """ValueError if ``run_dir`` already holds a run: it would mix two runs' metrics and checkpoints."""
+    path = Path(run_dir)
+    if any((path / name).exists() for name in ("metrics.jsonl", "episodes.jsonl", "checkpoints")):
+        raise ValueError(f"--run-dir {run_dir} already holds a run: pass --resume {run_dir} to continue it, "
+                         "--overwrite to start again in it, or another --run-dir")
 
 
 # -- reading ---------------------------------------------------------------------------

@@ -361,10 +361,16 @@ class TrainSettings:
 class RunOptions:
     """Per-process options that the stages need not agree on."""
 
-    run_dir: str = doc("", "directory for config, metrics, episodes and checkpoints (default: runs/<time>-<env>)")
+    run_dir: str = doc("", "directory for config, metrics, episodes and checkpoints (default: runs/<time>-<env>); "
+                           "one that holds a run already is refused unless --resume or --overwrite")
+    resume: str = doc("", "continue the run in this directory from the newest checkpoint both stages have")
+    overwrite: bool = doc(False, "start a new run in a --run-dir that holds one (its metrics, episodes and "
+                                 "checkpoints are deleted)")
+    keep_checkpoints: int = doc(2, "newest checkpoints kept per stage (0: all)")
     timeout: float = doc(60.0, "seconds to wait for any message from the peer before giving up")
     start_timeout: float = doc(300.0, "seconds to wait for the peer to appear at start-up")
-    checkpoint_every: int = doc(10, "save both stages every N iterations (0: only at the end)")
+    checkpoint_every: int = doc(1, "save both stages every N iterations (0: only at the end); what --resume "
+                                   "continues from")
     threads: int = doc(0, "torch intra-op threads (0: torch's default)")
     vector: str = doc("sync", "how stage0 steps its environments: 'sync' in its own process, 'async' in one "
                               "worker process each (gymnasium AsyncVectorEnv), so encoding and the link overlap them")
@@ -383,6 +389,12 @@ class RunOptions:
             out.append(f"--transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
         if self.threads < 0:
             out.append(f"--threads must be >= 0, got {self.threads}")
+        if self.keep_checkpoints < 0:
+            out.append(f"--keep-checkpoints must be >= 0, got {self.keep_checkpoints}")
+        if self.resume and self.overwrite:
+            out.append("--resume and --overwrite contradict each other")
+        if self.resume and self.run_dir and self.run_dir != self.resume:
+            out.append(f"--resume {self.resume} continues the run there: --run-dir must be the same or not given")
         if self.vector not in ("sync", "async"):
             out.append(f"--vector must be one of sync, async, got {self.vector!r}")
         return out

@@ -24,6 +24,7 @@ import torch
 
 from ..codecs import CodecSet, Context
 from ..envs import inspect_env
+from ..runs import checkpoint_iterations, load_checkpoint
 from ..settings import EnvSettings, PPOSettings, TrainSettings
 from ..stages import LIMITS, Edge, FeaturesEdge, FeaturesLearner, Learner, Payload
 from ..transport import wire
@@ -110,10 +111,10 @@ def capture(num_steps: int = 512, epochs: int = 3, minibatches: int = 4, seed: i
 def _load_newest(run_dir: Path, edge: Edge, learner: Learner) -> None:
     for role, load in (("stage0", lambda d: edge.net.load_state_dict(d["net"])),
                        ("stage1", lambda d: learner.heads.load_state_dict(d["heads"]))):
-        files = sorted((run_dir / "checkpoints").glob(f"{role}-iter*.pt"))
-        if not files:
-            raise FileNotFoundError(f"no {role} checkpoint in {run_dir / 'checkpoints'}")
-        load(torch.load(files[-1], weights_only=True))
+        iterations = checkpoint_iterations(run_dir, role)
+        if not iterations:
+            raise FileNotFoundError(f"no complete {role} checkpoint in {run_dir / 'checkpoints'}")
+        load(load_checkpoint(run_dir, role, iterations[-1]))
 
 
 def _payload_bytes(frames: list[Any]) -> int:

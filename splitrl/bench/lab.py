@@ -265,7 +265,7 @@ class LabResult:
             return ""
         rtt = sorted(self.round_trip)
         median = rtt[len(rtt) // 2]
-        set_ms = f"{2e3 * shaping.delay:g} ms set (the delay each way)" if shaping.delay else "no delay set"
+        set_ms = f"{2e3 * shaping.delay:g} ms set ({1e3 * shaping.delay:g} ms each way)" if shaping.delay else "no delay set"
         return (f"round trip stage0 -> stage1 -> stage0, 16 KiB each way, measured: median {1e3 * median:.2f} ms "
                 f"(min {1e3 * rtt[0]:.2f}, max {1e3 * rtt[-1]:.2f}, {len(rtt)} round trips); {set_ms}")
 

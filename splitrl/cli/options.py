@@ -66,7 +66,8 @@ def stage_argv(settings: TrainSettings, options: RunOptions, *, absolute: bool =
     """Check the settings (`ValueError` listing every problem), give the run its directory (a new one under
     runs/ unless --run-dir), and return (the argv both stage processes get, the run directory)."""
     settings.validate(options)
-    run_dir = options.run_dir or default_run_dir(settings.env.env_id)
+    run_dir = options.resume or options.run_dir or default_run_dir(settings.env.env_id)
     if absolute:
         run_dir = os.path.abspath(run_dir)
-    return settings.to_argv() + dataclasses.replace(options, run_dir=run_dir).to_argv(), run_dir
+    resume = run_dir if options.resume else ""
+    return settings.to_argv() + dataclasses.replace(options, run_dir=run_dir, resume=resume).to_argv(), run_dir

@@ -92,6 +92,14 @@ class CodecSet:
             self._view = RolloutView("rollout view")
         return self._view
 
+    def state_dict(self, *streams: str) -> dict[str, Any]:
+        """What ``streams``' codecs (default: all) carry from one message to the next."""
+        return {stream: self.codecs[stream].state_dict() for stream in streams or self.codecs}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for stream, codec_state in state.items():
+            self.codecs[stream].load_state_dict(codec_state)
+
     def __getitem__(self, stream: str) -> Codec:
         return self.codecs[stream]
 

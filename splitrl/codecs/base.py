@@ -12,6 +12,7 @@ Codecs never report their size: the transport meters count the real bytes.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -71,6 +72,8 @@ class Codec(ABC):
     help: ClassVar[str]
     streams: ClassVar[tuple[str, ...]] = STREAMS
     params: ClassVar[dict[str, Param]] = {}
+    state: ClassVar[tuple[str, ...]] = ()
+    """Attributes that carry over from one message to the next (residuals, caches): what a checkpoint keeps."""
 
     def __init__(self, **values: Any) -> None:
         for key, param in self.params.items():
@@ -98,6 +101,13 @@ class Codec(ABC):
 
     def new_iteration(self) -> None:
         """A new rollout batch begins: drop per-sample state."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {key: copy.deepcopy(getattr(self, key)) for key in self.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in self.state:
+            setattr(self, key, copy.deepcopy(state[key]))
 
 
 def part(parts: dict[str, torch.Tensor], key: str, dtype: torch.dtype, numel: int | None = None,

@@ -72,6 +72,12 @@ class Zstd(Codec):
     def new_iteration(self) -> None:
         self.inner.new_iteration()
 
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+
     def encode(self, x: torch.Tensor, ctx: Context) -> Encoded:
         enc = self.inner.encode(x, ctx)
         layout = {k: [_DTYPE_NAMES[t.dtype], list(t.shape)] for k, t in enc.tensors.items()}
@@ -118,6 +124,8 @@ class Frames(Codec):
     help = "cut=input only: the newest frame of each stack as uint8, zstd-compressed; stage1 rebuilds the stack"
     streams = ("rollout",)
     params = {"level": Param(int, 3, "zstd compression level")}
+
+    state = ("last",)
 
     def __init__(self, **values: Any) -> None:
         super().__init__(**values)

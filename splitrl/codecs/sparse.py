@@ -130,6 +130,8 @@ class Paper(Codec):
         "warm": Param(int, 30_000, "env steps of full float32 gradients before accumulation starts"),
     }
 
+    state = ("G",)
+
     def __init__(self, **values: Any) -> None:
         super().__init__(**values)
         if not 0.0 <= self.p <= 1.0 or not 0.0 <= self.decay <= 1.0 or self.warm < 0:
@@ -194,6 +196,8 @@ class TopKErrorFeedback(Codec):
         "relu": Param(int, 1, "only entries whose feature is non-zero are candidates (0: all)", (0, 1)),
         "warm": Param(int, 0, "env steps of full float32 gradients first"),
     }
+
+    state = ("residual",)
 
     def __init__(self, **values: Any) -> None:
         super().__init__(**values)

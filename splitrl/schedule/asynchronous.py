@@ -121,8 +121,11 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
     rollouts: dict[int, dict[str, Any]] = {}
     bound, timeout = s.schedule.max_staleness, link.timeout
 
+    first = edge.train_iteration + 1  # from a checkpoint's, if resumed
+    progress.set(collected=first - 1, trained=first - 1)
+
     def collect() -> None:
-        for iteration in range(1, s.num_iterations + 1):
+        for iteration in range(first, s.num_iterations + 1):
             progress.wait(lambda: progress.trained >= iteration - 1 - bound, timeout * s.num_iterations,
                           f"iteration {iteration - 1 - bound} to train")
             clocks[iteration] = PhaseClock()
@@ -136,7 +139,7 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
 
     metrics = IterationLog(edge, train_link, extra=measured)
     with _alongside("stage0 rollout", collect, progress, channels):
-        for iteration in range(1, s.num_iterations + 1):
+        for iteration in range(first, s.num_iterations + 1):
             metrics.start()
             progress.wait(lambda: progress.collected >= iteration, timeout * s.num_iterations,
                           f"the rollout of iteration {iteration}")
@@ -146,10 +149,11 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
                 stage0_train(edge, exchange, train_link, clock, schedule)
                 publish(iteration)
             checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
-            stats = stage0_finish(edge, train_link, clock, iteration, checkpoint)
+            rollout = rollouts.pop(iteration)
+            stats = stage0_finish(edge, exchange, train_link, clock, iteration, checkpoint, rollout)
             if not edge.trains:  # stage1 trained alone, and said so with its statistics
                 publish(iteration)
-            metrics.end(iteration, clock, stats, rollouts.pop(iteration))
+            metrics.end(iteration, clock, stats, rollout)
     return metrics.records
 
 
@@ -161,7 +165,10 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
     rollout_link, train_link = channels["rollout"], channels["train"]
     progress = _Progress()
     acting_seconds: dict[int, float] = {}
+    rollouts: dict[int, dict[str, Any]] = {}
     bound = s.schedule.max_staleness
+    first = learner.train_iteration + 1  # from a checkpoint's, if resumed
+    progress.set(collected=first - 1, trained=first - 1)
 
     def adopt(version: Any) -> None:
         if not isinstance(version, int) or version < 0:
@@ -171,12 +178,13 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
         learner.adopt(version)
 
     def collect() -> None:
-        for iteration in range(1, s.num_iterations + 1):
+        for iteration in range(first, s.num_iterations + 1):
             # stage0 starts this rollout once it has trained iteration - 1 - bound (and it trains before we do)
             progress.wait(lambda: progress.trained >= iteration - 1 - bound, link.timeout * s.num_iterations,
                           f"iteration {iteration - 1 - bound} to train")
             busy = PhaseClock()
             stage1_rollout(learner, rollout_link, busy, iteration, adopt=adopt)
+            rollouts[iteration] = learner.rollout_summary()
             acting_seconds[iteration] = busy.seconds["heads"]
             progress.set(collected=iteration)
 
@@ -186,7 +194,7 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
         progress.set(trained=iteration)
 
     with _alongside("stage1 rollout", collect, progress, channels):
-        for iteration in range(1, s.num_iterations + 1):
+        for iteration in range(first, s.num_iterations + 1):
             busy = PhaseClock()
             cpu_start = time.process_time()
             progress.wait(lambda: progress.collected >= iteration, link.timeout * s.num_iterations,
@@ -197,7 +205,8 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
             if not learner.trains_alone:
                 stage1_train(learner, exchange, train_link, busy, schedule)
                 publish(iteration, busy)
-            stage1_finish(learner, train_link, busy, iteration, schedule, run_log, cpu_start)  # trains alone here
+            stage1_finish(learner, exchange, train_link, busy, iteration, schedule, run_log, cpu_start,
+                          rollouts.pop(iteration))  # trains alone here
             if learner.trains_alone:
                 publish(iteration, busy)
         expect(train_link, "close")

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..runs import RunLog
-from ..stages import STAGE0, STAGE1, Edge, Learner
+from ..stages import STAGE0, STAGE1, Edge, EdgeExchange, Learner, LearnerExchange
 from ..transport import Message, ProtocolError, Transport
 
 __all__ = ["PhaseClock", "expect", "iteration_stats", "IterationLog", "checkpoint_due", "stage0_finish",
@@ -69,18 +69,21 @@ def iteration_stats(link: Transport) -> dict[str, Any]:
             raise ProtocolError(f"after 'iter_end' expected 'progress' or 'iter_stats' from {link.peer}, got {msg.kind!r}")
 
 
-def stage0_finish(edge: Edge, link: Transport, clock: PhaseClock, iteration: int, checkpoint: bool) -> dict[str, Any]:
-    """``iter_end`` -> stage1's statistics; stage0's checkpoint."""
+def stage0_finish(edge: Edge, exchange: EdgeExchange, link: Transport, clock: PhaseClock, iteration: int,
+                  checkpoint: bool, rollout: dict[str, Any]) -> dict[str, Any]:
+    """``iter_end`` -> stage1's statistics; stage0's checkpoint (with the end of ``rollout``, `Edge.rollout_summary`)."""
     with clock("link"):
         link.send("iter_end", header={"iteration": iteration, "checkpoint": checkpoint})
         stats = iteration_stats(link)
     if checkpoint and edge.run_log is not None:
-        edge.run_log.checkpoint(STAGE0, iteration, edge.state_dict())
+        state = {**edge.state_dict(rollout), "exchange": exchange.state_dict(), "meter": link.meter.snapshot()}
+        edge.run_log.checkpoint(STAGE0, iteration, state)
     return stats
 
 
-def stage1_finish(learner: Learner, link: Transport, busy: PhaseClock, iteration: int, schedule: list[list[torch.Tensor]],
-                  run_log: RunLog | None, cpu_start: float) -> None:
+def stage1_finish(learner: Learner, exchange: LearnerExchange, link: Transport, busy: PhaseClock, iteration: int,
+                  schedule: list[list[torch.Tensor]], run_log: RunLog | None, cpu_start: float,
+                  rollout: dict[str, Any]) -> None:
     """After ``iter_end``: train alone if the cut is before the first layer, checkpoint, send the statistics."""
     msg = expect(link, "iter_end", iteration=iteration)
     if learner.trains_alone:
@@ -91,7 +94,7 @@ def stage1_finish(learner: Learner, link: Transport, busy: PhaseClock, iteration
     stats = learner.iteration_stats()
     stats["time/heads"] = busy.seconds["heads"]
     if msg.header.get("checkpoint") and run_log is not None:
-        run_log.checkpoint(STAGE1, iteration, learner.state_dict())
+        run_log.checkpoint(STAGE1, iteration, {**learner.state_dict(rollout), "exchange": exchange.state_dict()})
     stats["cpu/stage1"] = time.process_time() - cpu_start
     link.send("iter_stats", header=stats)
 

@@ -244,12 +244,13 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
     measured = agree_on_groups(edge, link)
     edge.open_envs()
     metrics = IterationLog(edge, link, extra=measured)
-    for iteration in range(1, s.num_iterations + 1):
+    for iteration in range(edge.train_iteration + 1, s.num_iterations + 1):  # from a checkpoint's, if resumed
         clock = PhaseClock()
         metrics.start()
         stage0_rollout(edge, link, clock, iteration)
         with clock("link"):
             update = expect(link, "heads") if exchange.updates_after_rollout else None
+        rollout = edge.rollout_summary()
         schedule = edge.begin_training(iteration)
         if update is not None:
             with clock("codec"):
@@ -257,7 +258,8 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
         if edge.trains:
             stage0_train(edge, exchange, link, clock, schedule)
         checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
-        metrics.end(iteration, clock, stage0_finish(edge, link, clock, iteration, checkpoint))
+        stats = stage0_finish(edge, exchange, link, clock, iteration, checkpoint, rollout)
+        metrics.end(iteration, clock, stats, rollout)
     return metrics.records
 
 
@@ -265,10 +267,11 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
     """Every iteration from stage1's side, until stage0 closes; returns the iterations served."""
     s = learner.settings
     learn_groups(learner, link)
-    for iteration in range(1, s.num_iterations + 1):
+    for iteration in range(learner.train_iteration + 1, s.num_iterations + 1):
         busy = PhaseClock()
         cpu_start = time.process_time()
         stage1_rollout(learner, link, busy, iteration)
+        rollout = learner.rollout_summary()
         with busy("heads"):
             schedule = learner.begin_training(iteration)  # GAE
             update = exchange.update()
@@ -276,6 +279,6 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
             link.send("heads", *update)
         if not learner.trains_alone:
             stage1_train(learner, exchange, link, busy, schedule)
-        stage1_finish(learner, link, busy, iteration, schedule, run_log, cpu_start)
+        stage1_finish(learner, exchange, link, busy, iteration, schedule, run_log, cpu_start, rollout)
     expect(link, "close")
     return s.num_iterations

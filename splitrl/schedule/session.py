@@ -13,17 +13,20 @@ the same seed it computes what the split run computes, bit for bit.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import shutil
 import threading
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..envs import EnvSpec, inspect_env
-from ..runs import RunLog, default_run_dir
+from ..runs import RunLog, check_fresh, checkpoint_iterations, default_run_dir, load_checkpoint, truncate_logs
 from ..settings import RunOptions, TrainSettings
 from ..stages import LIMITS, STAGE0, STAGE1, Edge, Learner, edge_exchange, learner_exchange
-from ..transport import PeerAbort, TcpTransport, Transport, TransportTimeout, ZmqTransport
+from ..transport import PeerAbort, ProtocolError, TcpTransport, Transport, TransportTimeout, ZmqTransport
 from ..transport.handshake import check_hello, handshake, send_hello
 from ..transport.local import LocalTransport
 from . import asynchronous, pipelined, sync
@@ -37,20 +40,69 @@ log = logging.getLogger(__name__)
 
 
 def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[EnvSpec, RunLog]:
-    """Check everything before any socket opens; set threads; write the config file."""
+    """Check everything before any socket opens; set threads; write the config file.
+
+    A run directory that holds a run already is refused, unless ``--resume`` (its settings must be
+    this run's, but for ``total_steps``) or ``--overwrite`` (its metrics, episodes and checkpoints go)."""
     settings.validate(options)
     spec = inspect_env(settings.env)
     if options.threads:
         torch.set_num_threads(options.threads)
-    run_log = RunLog(options.run_dir or default_run_dir(settings.env.env_id))
+    run_dir = options.resume or options.run_dir or default_run_dir(settings.env.env_id)
+    config_name = "config.json" if role == "twin" else f"config-{role}.json"
+    if options.resume:
+        _check_resumable(Path(run_dir), config_name, settings)
+    elif options.overwrite:
+        _clear(Path(run_dir))
+    else:
+        check_fresh(run_dir)
+    run_log = RunLog(run_dir, keep=options.keep_checkpoints)
     config: dict[str, Any] = {
         "settings": settings.to_dict(),
         "options": dataclasses.asdict(options),
         "env_spec": dataclasses.asdict(spec),
         "torch_threads": torch.get_num_threads(),
     }
-    run_log.write_config(config, "config.json" if role == "twin" else f"config-{role}.json")
+    run_log.write_config(config, config_name)
     return spec, run_log
+
+
+def _check_resumable(run_dir: Path, config_name: str, settings: TrainSettings) -> None:
+    path = run_dir / config_name
+    if not path.exists():
+        raise ValueError(f"--resume {run_dir}: no {config_name} there (is it this stage's run directory?)")
+    saved = _flatten(json.loads(path.read_text())["settings"])
+    now = _flatten(settings.to_dict())
+    differ = [f"{key}: the run has {saved.get(key)!r}, now {now.get(key)!r}" for key in sorted(set(saved) | set(now))
+              if key != "total_steps" and saved.get(key) != now.get(key)]
+    if differ:
+        raise ValueError(f"--resume {run_dir}: the settings differ from the run's (only --total-steps may): "
+                         + "; ".join(differ))
+
+
+def _flatten(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def _clear(run_dir: Path) -> None:
+    for name in ("metrics.jsonl", "episodes.jsonl"):
+        (run_dir / name).unlink(missing_ok=True)
+    if (run_dir / "checkpoints").is_dir():
+        shutil.rmtree(run_dir / "checkpoints")
+
+
+def _resume_point(peer_hello: dict[str, Any], ours: list[int]) -> int:
+    """The newest iteration both stages have a checkpoint of (0: none)."""
+    theirs = peer_hello.get("checkpoints")
+    if not isinstance(theirs, list) or not all(isinstance(i, int) for i in theirs):
+        raise ProtocolError(f"hello: expected the peer's checkpoint iterations as a list of ints, got {theirs!r}")
+    return max(set(ours) & set(theirs), default=0)
 
 
 def open_link(options: RunOptions, endpoint: str, *, bind: bool, peer: str) -> Transport:
@@ -77,13 +129,26 @@ def make_learner(settings: TrainSettings, spec: EnvSpec) -> Learner:
     return Learner(settings, spec, acting_copy=concurrent, slots=settings.schedule.max_staleness + 1 if concurrent else 1)
 
 
-def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10,
-                 start_timeout: float | None = None) -> list[dict[str, Any]]:
-    """Handshake, every iteration, close. Returns the metrics records."""
+def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, start_timeout: float | None = None,
+                 resume: bool = False) -> list[dict[str, Any]]:
+    """Handshake, every iteration (from the newest checkpoint both stages have, with ``resume``), close.
+    Returns the metrics records."""
     try:
-        handshake(link, STAGE0, STAGE1, edge.settings.shared(), timeout=start_timeout)
+        exchange = edge_exchange(edge)
+        ours = checkpoint_iterations(edge.run_log.dir, STAGE0) if resume else []
+        hello = handshake(link, STAGE0, STAGE1, edge.settings.shared(), timeout=start_timeout,
+                          extra={"checkpoints": ours} if resume else None)
+        if resume:
+            iteration = _resume_point(hello, ours)
+            if iteration:
+                state = load_checkpoint(edge.run_log.dir, STAGE0, iteration)
+                edge.load_state_dict(state)
+                exchange.load_state_dict(state["exchange"])
+                link.meter.restore(state["meter"])
+            truncate_logs(edge.run_log.dir, iteration)
+            log.info("[stage0] resuming after iteration %d", iteration)
         try:
-            records = SCHEDULES[edge.settings.schedule.mode].stage0_loop(edge, edge_exchange(edge), link,
+            records = SCHEDULES[edge.settings.schedule.mode].stage0_loop(edge, exchange, link,
                                                                          checkpoint_every=checkpoint_every)
         finally:
             edge.close()
@@ -95,19 +160,29 @@ def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10,
 
 
 def serve_stage1(learner: Learner, link: Transport, run_log: RunLog | None = None, *,
-                 start_timeout: float | None = None) -> int:
+                 start_timeout: float | None = None, resume: bool = False) -> int:
     """Answer stage0's hello, serve every iteration until stage0 closes; returns the iterations served."""
     shared = learner.settings.shared()
     try:
+        exchange = learner_exchange(learner)
+        ours = checkpoint_iterations(run_log.dir, STAGE1) if resume and run_log is not None else []
         hello = link.recv(timeout=start_timeout)
-        send_hello(link, STAGE1, shared)  # answer before checking, so a mismatch is reported on both sides
+        # Answer before checking, so a mismatch is reported on both sides.
+        send_hello(link, STAGE1, shared, extra={"checkpoints": ours} if resume else None)
         check_hello(hello, STAGE1, STAGE0, shared, link.peer)
         log.info("[stage1] stage0 connected")
-        served = SCHEDULES[learner.settings.schedule.mode].stage1_loop(learner, learner_exchange(learner), link, run_log)
+        if resume:
+            iteration = _resume_point(hello.header, ours)
+            if iteration:
+                state = load_checkpoint(run_log.dir, STAGE1, iteration)
+                learner.load_state_dict(state)
+                exchange.load_state_dict(state["exchange"])
+            log.info("[stage1] resuming after iteration %d", iteration)
+        served = SCHEDULES[learner.settings.schedule.mode].stage1_loop(learner, exchange, link, run_log)
     except BaseException as exc:
         link.abort(f"stage1 failed: {type(exc).__name__}: {exc}")
         raise
-    log.info("[stage1] stage0 closed the session after %d iterations", served)
+    log.info("[stage1] stage0 closed the session after iteration %d", served)
     return served
 
 
@@ -116,7 +191,8 @@ def run_stage0(settings: TrainSettings, options: RunOptions, connect: str) -> li
     edge = make_edge(settings, spec, run_log, options)
     with open_link(options, connect, bind=False, peer=f"stage1 at {connect}") as link:
         log.info("[stage0] connecting to stage1 at %s", connect)
-        return serve_stage0(edge, link, checkpoint_every=options.checkpoint_every, start_timeout=options.start_timeout)
+        return serve_stage0(edge, link, checkpoint_every=options.checkpoint_every, start_timeout=options.start_timeout,
+                            resume=bool(options.resume))
 
 
 def run_stage1(settings: TrainSettings, options: RunOptions, bind: str) -> int:
@@ -124,7 +200,7 @@ def run_stage1(settings: TrainSettings, options: RunOptions, bind: str) -> int:
     learner = make_learner(settings, spec)
     with open_link(options, bind, bind=True, peer="stage0") as link:
         log.info("[stage1] listening on %s (%s)", link.endpoint, options.transport)
-        return serve_stage1(learner, link, run_log, start_timeout=options.start_timeout)
+        return serve_stage1(learner, link, run_log, start_timeout=options.start_timeout, resume=bool(options.resume))
 
 
 def train_twin(settings: TrainSettings, options: RunOptions) -> list[dict[str, Any]]:
@@ -137,7 +213,7 @@ def train_twin(settings: TrainSettings, options: RunOptions) -> list[dict[str, A
 
     def stage1() -> None:
         try:
-            serve_stage1(learner, link1, run_log, start_timeout=options.start_timeout)
+            serve_stage1(learner, link1, run_log, start_timeout=options.start_timeout, resume=bool(options.resume))
         except BaseException as exc:  # reported by the main thread, which stage0's abort wakes
             failure.append(exc)
 
@@ -145,7 +221,7 @@ def train_twin(settings: TrainSettings, options: RunOptions) -> list[dict[str, A
     thread.start()
     try:
         records = serve_stage0(edge, link0, checkpoint_every=options.checkpoint_every,
-                               start_timeout=options.start_timeout)
+                               start_timeout=options.start_timeout, resume=bool(options.resume))
     except (PeerAbort, TransportTimeout):
         thread.join(timeout=10)
         if failure:  # stage0 only heard that stage1 stopped: stage1's own error says why

@@ -31,7 +31,7 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
     s = edge.settings
     edge.open_envs()
     metrics = IterationLog(edge, link)
-    for iteration in range(1, s.num_iterations + 1):
+    for iteration in range(edge.train_iteration + 1, s.num_iterations + 1):  # from a checkpoint's, if resumed
         clock = PhaseClock()
         metrics.start()
 
@@ -50,6 +50,7 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
         with clock("link"):
             link.send("rollout_end", *end)
             update = expect(link, "heads") if exchange.updates_after_rollout else None
+        rollout = edge.rollout_summary()
         schedule = edge.begin_training(iteration)  # before the update: the replica reads this rollout's view
         if update is not None:
             with clock("codec"):
@@ -80,14 +81,15 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
 
         # -- iteration end: iter_end -> stage1's statistics, checkpoints, the metrics line --
         checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
-        metrics.end(iteration, clock, stage0_finish(edge, link, clock, iteration, checkpoint))
+        stats = stage0_finish(edge, exchange, link, clock, iteration, checkpoint, rollout)
+        metrics.end(iteration, clock, stats, rollout)
     return metrics.records
 
 
 def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, run_log: RunLog | None = None) -> int:
     """Every iteration from stage1's side, until stage0 closes; returns the iterations served."""
     s = learner.settings
-    for iteration in range(1, s.num_iterations + 1):
+    for iteration in range(learner.train_iteration + 1, s.num_iterations + 1):
         busy = PhaseClock()  # our own compute, not the time spent waiting for stage0
         cpu_start = time.process_time()
 
@@ -101,6 +103,7 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
         msg = expect(link, "rollout_end")
         with busy("heads"):
             learner.end_rollout(msg)
+            rollout = learner.rollout_summary()
             schedule = learner.begin_training(iteration)  # GAE
             update = exchange.update()
         if update is not None:
@@ -121,6 +124,6 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
                         link.send("heads", *update)
 
         # -- iteration end (with the cut before the first layer, stage1 trains now) ----
-        stage1_finish(learner, link, busy, iteration, schedule, run_log, cpu_start)
+        stage1_finish(learner, exchange, link, busy, iteration, schedule, run_log, cpu_start, rollout)
     expect(link, "close")
     return s.num_iterations

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..codecs import CodecSet, Context
-from ..envs import EnvSpec, make_vector_env, to_chw, to_env_action
+from ..envs import EnvSpec, make_vector_env, restore_vector_env, to_chw, to_env_action, vector_env_state
 from ..models import build_agent
 from ..ppo import minibatch_schedule
 from ..runs import RunLog
@@ -77,6 +77,8 @@ class Edge:
         self.envs: list[Any] = []
         self.steppers: list[Any] = []
         self.next_obs: list[np.ndarray] = []
+        self.saved_envs: list[dict[str, Any]] | None = None
+        """The envs' state from a checkpoint, put back by `open_envs`."""
         self.set_groups(1)
         self.global_step = 0
         self.iteration = 0
@@ -114,13 +116,18 @@ class Edge:
     def open_envs(self) -> None:
         """Each group's vector env, reset so that env i has seed ``seed + i`` whatever the grouping."""
         s = self.settings
+        if self.saved_envs is not None and len(self.saved_envs) != len(self.groups):
+            raise ValueError(f"the checkpoint's rollout had {len(self.saved_envs)} env groups, this run has "
+                             f"{len(self.groups)}: resume with the same --rollout-groups")
         group_env = dataclasses.replace(s.env, num_envs=len(self.groups[0]))
-        for envs in self.groups:
+        for g, envs in enumerate(self.groups):
             env, stepper = make_vector_env(group_env, vector=self.vector, reward_clip=s.ppo.reward_clip,
                                            reward_gamma=s.ppo.gamma if s.ppo.norm_reward else None)
             self.envs.append(env)
             self.steppers.append(stepper)
-            self.next_obs.append(env.reset(seed=s.seed + int(envs[0]))[0])
+            obs = env.reset(seed=s.seed + int(envs[0]))[0]
+            self.next_obs.append(obs if self.saved_envs is None else restore_vector_env(env, self.saved_envs[g]))
+        self.saved_envs = None
 
     def close(self) -> None:
         for env in self.envs:
@@ -212,13 +219,15 @@ class Edge:
                                       "ema_return": self.ema_return})
 
     def rollout_summary(self) -> dict[str, Any]:
-        """Env steps so far, the returns of the episodes finished since the last call, the EMA of the returns.
-
-        The asynchronous schedule takes it when a rollout ends, so each iteration's metrics speak of
-        that iteration's rollout even though the next one is already running."""
+        """Taken when a rollout ends: env steps so far, the returns of the episodes finished since the last
+        call, their EMA, and (``resume``) everything a resumed run needs to go on from here: the envs'
+        state, the rollout codec's. The asynchronous schedule takes it from the rollout thread, so each
+        iteration's metrics and checkpoint speak of that iteration's rollout while the next one runs."""
         with self._returns_lock:
             returns, self.returns = self.returns, []
-        return {"global_step": self.global_step, "returns": returns, "ema_return": self.ema_return}
+        resume = {"iteration": self.iteration, "global_step": self.global_step, "ema_return": self.ema_return,
+                  "envs": [vector_env_state(envs) for envs in self.envs], "codecs": self.codecs.state_dict("rollout")}
+        return {"global_step": self.global_step, "returns": returns, "ema_return": self.ema_return, "resume": resume}
 
     # -- training --------------------------------------------------------------------
     def begin_training(self, iteration: int) -> list[list[torch.Tensor]]:
@@ -246,9 +255,26 @@ class Edge:
         """The trained weights as the rollout's next acting copy (it takes them at its next `adopt`)."""
         self.published = (self.train_iteration, copy.deepcopy(self.net).requires_grad_(False))
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, rollout: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint after training: the weights, the optimizer, the training codecs' state, and the
+        ``resume`` part of `rollout_summary` of the rollout just trained on."""
         return {
             "iteration": self.train_iteration,
             "net": self.net.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "codecs": self.codecs.state_dict("fwd", "bwd"),
+            "rollout": rollout["resume"],
         }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from a checkpoint (`state_dict`): the envs are put back when `open_envs` opens them."""
+        self.net.load_state_dict(state["net"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        rollout = state["rollout"]
+        self.train_iteration, self.iteration = state["iteration"], rollout["iteration"]
+        self.global_step, self.ema_return = rollout["global_step"], rollout["ema_return"]
+        self.codecs.load_state_dict({**state["codecs"], **rollout["codecs"]})
+        self.saved_envs = rollout["envs"]
+        if self.acting is not self.net:
+            self.acting, self.acting_version = copy.deepcopy(self.net).requires_grad_(False), self.train_iteration

@@ -19,7 +19,7 @@ tensors. Codecs stay pure tensor encoders underneath.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -68,6 +68,13 @@ class EdgeExchange:
     def apply_update(self, msg: Message, expected: dict[str, int], names: list[str] | None = None) -> None:
         raise ProtocolError(f"{msg.kind}: not expected with --exchange {self.edge.settings.codecs.exchange}")
 
+    def state_dict(self) -> dict[str, Any]:
+        """What carries over from one iteration to the next (for checkpoints)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
 
 class LearnerExchange:
     """Stage1's half: decodes what stage0 sent, takes the loss, encodes the gradient."""
@@ -85,6 +92,13 @@ class LearnerExchange:
     def update(self, epoch: int | None = None, mb: int | None = None) -> Payload | None:
         """A ``heads`` update to send after the rollout (no arguments) or after minibatch (epoch, mb); None if none."""
         return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """What carries over from one iteration to the next (for checkpoints)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
 
 class FeaturesEdge(EdgeExchange):

@@ -281,6 +281,28 @@ class Learner:
         self.stats.clear()
         return stats
 
-    def state_dict(self) -> dict[str, Any]:
+    def rollout_summary(self) -> dict[str, Any]:
+        """Taken when a rollout ends: what a resumed run needs to act on from here (the action sampler's
+        generator, the rollout codec's state); see `Edge.rollout_summary`."""
+        return {"iteration": self.iteration, "generator": self.generator.get_state(),
+                "codecs": self.codecs.state_dict("rollout")}
+
+    def state_dict(self, rollout: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint after training: heads, optimizer, the training codecs' state, and `rollout_summary`
+        of the rollout just trained on."""
         return {"iteration": self.train_iteration, "heads": self.heads.state_dict(),
-                "optimizer": self.optimizer.state_dict()}
+                "optimizer": self.optimizer.state_dict(), "codecs": self.codecs.state_dict("fwd", "bwd"),
+                "rollout": rollout}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from a checkpoint (`state_dict`)."""
+        self.heads.load_state_dict(state["heads"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        rollout = state["rollout"]
+        self.train_iteration, self.iteration = state["iteration"], rollout["iteration"]
+        self.generator.set_state(rollout["generator"])
+        self.codecs.load_state_dict({**state["codecs"], **rollout["codecs"]})
+        if self.acting is not self.heads:
+            self.acting_version = self.train_iteration
+            self.acting = copy.deepcopy(self.heads).requires_grad_(False)
+            self.published = {self.train_iteration: self.acting}

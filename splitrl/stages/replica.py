@@ -47,7 +47,7 @@ as ``heads`` messages after the ``train_bwd`` of that minibatch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 from torch import nn
@@ -204,6 +204,16 @@ class ReplicaEdge(EdgeExchange):
     def grad(self, sent: Sent, msg: Message) -> torch.Tensor:
         return _finite(super().grad(sent, msg), "the outputs' gradient")
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"view": {name: t.clone() for name, t in self.sync.view.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sync.view = {name: t.clone() for name, t in state["view"].items()}
+        with torch.no_grad():
+            for name, p in replicated(self.replica):
+                p.copy_(self.sync.view[name])
+        self.view_outputs = None
+
     def due(self, epoch: int, mb: int) -> list[str]:
         ppo = self.edge.settings.ppo
         return due(self.exchange, epoch, mb, ppo.epochs, ppo.minibatches, self.sync.view)
@@ -247,6 +257,12 @@ class ReplicaLearner(LearnerExchange):
         tensors, header = {}, {}
         self.codecs.pack("bwd", "grad", offset.grad, ctx, tensors, header)
         return tensors, header
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"view": {name: t.clone() for name, t in self.sync.view.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sync.view = {name: t.clone() for name, t in state["view"].items()}
 
     def update(self, epoch: int | None = None, mb: int | None = None) -> Payload | None:
         heads, iteration = self.learner.heads, self.learner.train_iteration

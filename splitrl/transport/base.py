@@ -52,6 +52,18 @@ class ByteMeter:
             entry.messages += 1
             entry.frames += nframes
 
+    def restore(self, snapshot: dict[str, int]) -> None:
+        """Add the counts of an earlier `snapshot` (a resumed run goes on counting from there)."""
+        with self._lock:
+            for key, value in snapshot.items():
+                _, kind, rest = key.split("/", 2)
+                direction, _, what = rest.partition("_")
+                entry = self._entries[(kind, direction)]
+                if what == "bytes":
+                    entry.bytes += value
+                elif what == "messages":
+                    entry.messages += value
+
     def entry(self, kind: str, direction: str) -> MeterEntry:
         return self._entries.get((kind, direction), MeterEntry())
 

@@ -38,13 +38,13 @@ def _differences(mine: Mapping[str, Any], theirs: Any, role: str, peer_role: str
     return out
 
 
-def send_hello(transport: Transport, role: str, settings: Mapping[str, Any], timeout: float | None = None) -> None:
-    """Send our ``hello``. ``settings`` must be JSON- and msgpack-serialisable."""
-    transport.send(
-        HELLO_KIND,
-        header={"proto": PROTOCOL_VERSION, "role": role, "settings_hash": settings_hash(settings), "settings": dict(settings)},
-        timeout=timeout,
-    )
+def send_hello(transport: Transport, role: str, settings: Mapping[str, Any], timeout: float | None = None,
+               extra: Mapping[str, Any] | None = None) -> None:
+    """Send our ``hello``. ``settings`` must be JSON- and msgpack-serialisable; ``extra``: more fields the
+    application wants the peer to know (e.g. the checkpoints it could resume from)."""
+    header = {"proto": PROTOCOL_VERSION, "role": role, "settings_hash": settings_hash(settings),
+              "settings": dict(settings), **(extra or {})}
+    transport.send(HELLO_KIND, header=header, timeout=timeout)
 
 
 def check_hello(msg: Message, role: str, peer_role: str, settings: Mapping[str, Any], peer: str) -> dict[str, Any]:
@@ -66,12 +66,13 @@ def check_hello(msg: Message, role: str, peer_role: str, settings: Mapping[str, 
 
 
 def handshake(
-    transport: Transport, role: str, peer_role: str, settings: Mapping[str, Any], timeout: float | None = None
+    transport: Transport, role: str, peer_role: str, settings: Mapping[str, Any], timeout: float | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Send our ``hello``, receive the peer's; return its header or raise `HandshakeError`.
 
     This is the initiator's side. The responder (stage1) answers with `send_hello`
     before it runs `check_hello`, so a mismatch is seen, and reported, by both sides.
     """
-    send_hello(transport, role, settings, timeout)
+    send_hello(transport, role, settings, timeout, extra)
     return check_hello(transport.recv(timeout=timeout), role, peer_role, settings, transport.peer)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from splitrl.launch import free_port_pair
+from splitrl.runs import load_checkpoint
 from splitrl.schedule import pipelined, session
 from splitrl.schedule.pipelined import choose_groups
 from splitrl.settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
@@ -21,7 +22,7 @@ VOLATILE = ("time/", "cpu/", "link/")
 
 
 def _states(run_dir, iteration=2):
-    return {stage: torch.load(run_dir / "checkpoints" / f"{stage}-iter{iteration:05d}.pt")[key]
+    return {stage: load_checkpoint(run_dir, stage, iteration)[key]
             for stage, key in (("stage0", "net"), ("stage1", "heads"))}
 
 

@@ -9,6 +9,7 @@ from splitrl.codecs import CodecError, Context
 from splitrl.envs import EnvSpec
 from splitrl.models import build_agent
 from splitrl.ppo import ppo_loss
+from splitrl.runs import load_checkpoint
 from splitrl.settings import CodecSettings, EnvSettings, Exchange, PPOSettings, TrainSettings
 from splitrl.stages import Edge, Learner, ReplicaEdge, ReplicaLearner
 from splitrl.stages.replica import FIRST_LAYERS, HeadsSync, due, replicated
@@ -196,7 +197,7 @@ def test_a_replica_synced_every_minibatch_trains_the_encoder_as_float32_does(tmp
                               env=child_env(), capture_output=True, text=True, timeout=240)
         assert done.returncode == 0, done.stderr
     net0, _ = build_agent(OBS, 3, "cnn", seed=1)
-    nets = {name: torch.load(tmp_path / name / "checkpoints" / "stage0-iter00001.pt")["net"] for name in runs}
+    nets = {name: load_checkpoint(tmp_path / name, "stage0", 1)["net"] for name in runs}
 
     def off(name):  # relative L2 distance of the encoder's move from float32's
         diff = sum(float(((nets[name][k] - nets["fp32"][k]) ** 2).sum()) for k in nets["fp32"])
@@ -259,8 +260,8 @@ def test_with_still_heads_a_replica_run_trains_the_encoder_as_float32_does(tmp_p
                               env=child_env(), capture_output=True, text=True, timeout=240)
         assert done.returncode == 0, done.stderr
     net0, _ = build_agent(OBS, 3, "cnn", seed=1)
-    plain = torch.load(tmp_path / "fp32" / "checkpoints" / "stage0-iter00002.pt")["net"]
-    replica = torch.load(tmp_path / "replica" / "checkpoints" / "stage0-iter00002.pt")["net"]
+    plain = load_checkpoint(tmp_path / "fp32", "stage0", 2)["net"]
+    replica = load_checkpoint(tmp_path / "replica", "stage0", 2)["net"]
     for name, initial in net0.state_dict().items():
         moved = float((plain[name] - initial).abs().max())
         assert moved > 1e-5, name  # the encoder trained, so a wrong gradient would show

@@ -10,6 +10,7 @@ import torch
 from splitrl.launch import free_port_pair
 from splitrl.models import build_agent
 from splitrl.ppo import ppo_loss
+from splitrl.runs import load_checkpoint
 from splitrl.transport.local import LocalTransport
 
 from ..conftest import TINY, child_env, splitrl_cmd
@@ -46,7 +47,7 @@ def test_split_gradients_equal_unsplit_gradients():
 
 
 def _load(run_dir, stage):
-    return torch.load(run_dir / "checkpoints" / f"{stage}-iter00002.pt")
+    return load_checkpoint(run_dir, stage, 2)
 
 
 def _metrics(run_dir):

@@ -1,0 +1,140 @@
+"""A run you can lose: atomic checkpoints, and --resume going on exactly where the run stopped."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from splitrl.launch import free_port_pair
+from splitrl.runs import CheckpointError, RunLog, checkpoint_iterations, load_checkpoint
+
+from ..conftest import TINY, child_env, splitrl_cmd
+
+SIX = [a if a != "64" else "192" for a in TINY]  # six iterations of 32 steps, a checkpoint after each
+assert SIX[SIX.index("--total-steps") + 1] == "192"
+VOLATILE = ("time/", "cpu/", "net", "charts/SPS")
+
+
+def _final(run_dir, iteration=6):
+    return {stage: load_checkpoint(run_dir, stage, iteration)[key] for stage, key in (("stage0", "net"),
+                                                                                      ("stage1", "heads"))}
+
+
+def _learning(run_dir):
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+def _same(a, b):
+    for stage in a:
+        for name in a[stage]:
+            assert torch.equal(a[stage][name], b[stage][name]), f"{stage}.{name}"
+
+
+def _wait_for_checkpoint(run_dir, iteration, procs, timeout=240):
+    deadline = time.monotonic() + timeout
+    while not all(iteration in checkpoint_iterations(run_dir, s) for s in ("stage0", "stage1")):
+        assert time.monotonic() < deadline and all(p.popen.poll() is None for p in procs), "no checkpoint pair"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The uninterrupted twin run the resumed ones must equal."""
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    done = subprocess.run(splitrl_cmd("train", "--run-dir", str(run_dir), *SIX, "--keep-checkpoints", "0"),
+                          env=child_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+def test_the_twin_killed_mid_run_and_resumed_ends_bit_for_bit_where_it_would_have(tmp_path, spawn, straight):
+    run = tmp_path / "run"
+    proc = spawn("train", "--run-dir", str(run), *SIX)
+    _wait_for_checkpoint(run, 2, [proc])
+    proc.popen.send_signal(signal.SIGKILL)
+    proc.popen.wait(30)
+    assert 6 not in checkpoint_iterations(run, "stage0")  # killed mid-run, not after it
+    # kill -9 can leave half a metrics line or a checkpoint without its checksum: both must be survived
+    again = spawn("train", "--resume", str(run), *SIX)
+    code, out = again.finish(timeout=300)
+    assert code == 0, out
+    assert "resuming after iteration" in out
+    _same(_final(run), _final(straight))
+    assert _learning(run) == _learning(straight)  # metrics and episodes: each iteration once, as straight
+    assert (run / "episodes.jsonl").read_text().count("\n") == (straight / "episodes.jsonl").read_text().count("\n")
+    assert len(checkpoint_iterations(run, "stage1")) == 2  # --keep-checkpoints 2 by default
+
+
+@pytest.mark.parametrize("victim", ["stage0", "stage1"])
+def test_the_split_resumes_after_kill_9_of_either_stage(tmp_path, spawn, straight, victim):
+    endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
+    run = tmp_path / "run"
+    args = [*SIX, "--timeout", "3", "--start-timeout", "60"]
+    procs = {"stage1": spawn("stage1", "--bind", endpoint, "--run-dir", str(run), *args),
+             "stage0": spawn("stage0", "--connect", endpoint, "--run-dir", str(run), *args)}
+    _wait_for_checkpoint(run, 2, list(procs.values()))
+    procs[victim].popen.send_signal(signal.SIGKILL)
+    survivor = procs["stage1" if victim == "stage0" else "stage0"]
+    code, out = survivor.finish(timeout=60)
+    assert code == 1, out  # it noticed, and said so
+    lost = 6 - max(set(checkpoint_iterations(run, "stage0")) & set(checkpoint_iterations(run, "stage1")))
+    assert lost >= 1
+    s1 = spawn("stage1", "--bind", endpoint, "--resume", str(run), *args)
+    s0 = spawn("stage0", "--connect", endpoint, "--resume", str(run), *args)
+    code0, out0 = s0.finish(timeout=300)
+    code1, out1 = s1.finish(timeout=30)
+    assert code0 == 0 and code1 == 0, out0 + out1
+    _same(_final(run), _final(straight))
+    assert _learning(run) == _learning(straight)
+
+
+def test_a_used_run_directory_is_refused_unless_resumed_or_overwritten(tmp_path, straight):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+
+    def train(*args):
+        return subprocess.run(splitrl_cmd("train", *SIX, *args), env=child_env(), capture_output=True, text=True,
+                              timeout=300)
+
+    refused = train("--run-dir", str(run))
+    assert refused.returncode == 2 and "already holds a run" in refused.stderr and "--resume" in refused.stderr
+    other = train("--resume", str(run), "--seed", "2")
+    assert other.returncode == 2 and "seed: the run has 1, now 2" in other.stderr
+    done = train("--resume", str(run))  # finished already: nothing to do, nothing changes
+    assert done.returncode == 0 and len(_learning(run)) == 6
+    fresh = train("--run-dir", str(run), "--overwrite", "--total-steps", "64")
+    assert fresh.returncode == 0 and len(_learning(run)) == 2
+    assert checkpoint_iterations(run, "stage0") == [1, 2]
+
+
+def test_a_checkpoint_is_whole_or_absent_and_a_full_disk_names_the_path(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
+    try:
+        log = RunLog(disk / "run")
+        log.checkpoint("stage1", 1, {"w": torch.zeros(1000)})  # 4 KB
+        with pytest.raises(CheckpointError, match=r"stage1-iter00002\.pt.*(No space|space)"):
+            log.checkpoint("stage1", 2, {"w": torch.zeros(200_000)})  # 800 KB: does not fit
+        assert checkpoint_iterations(disk / "run", "stage1") == [1]  # the old one is still the newest
+        assert torch.equal(load_checkpoint(disk / "run", "stage1", 1)["w"], torch.zeros(1000))
+        assert not [p for p in (disk / "run" / "checkpoints").iterdir() if p.name.startswith(".")]  # no temp left
+        # A damaged checkpoint is refused, not loaded.
+        path = disk / "run" / "checkpoints" / "stage1-iter00001.pt"
+        data = bytearray(path.read_bytes())
+        data[-10] ^= 0xFF
+        path.write_bytes(bytes(data))
+        with pytest.raises(ValueError, match="checksum"):
+            load_checkpoint(disk / "run", "stage1", 1)
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
