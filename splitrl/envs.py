@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from .settings import EnvSettings
+from .settings import EnvSettings, SettingsError
 
 __all__ = ["EnvSpec", "Replayable", "StepInTwo", "VECTOR_MODES", "make_single_env", "make_vector_env", "to_env_action",
            "inspect_env", "to_chw", "vector_env_state", "restore_vector_env"]
@@ -75,9 +75,12 @@ class Replayable(gym.Wrapper):
         return obs
 
 
-def make_single_env(settings: EnvSettings) -> gym.Env:
-    """One environment with the configured observation pipeline."""
-    kwargs = {"max_episode_steps": settings.max_episode_steps} if settings.max_episode_steps else {}
+def make_single_env(settings: EnvSettings, render_mode: str | None = None) -> gym.Env:
+    """One environment with the configured observation pipeline (``render_mode``: gymnasium's, e.g.
+    ``"rgb_array"`` for recording what a person would see)."""
+    kwargs: dict[str, Any] = {"max_episode_steps": settings.max_episode_steps} if settings.max_episode_steps else {}
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
     env = gym.make(settings.env_id, **kwargs)
     if settings.frame_skip > 1:
         env = gym.wrappers.MaxAndSkipObservation(env, skip=settings.frame_skip)
@@ -231,23 +234,23 @@ def to_chw(obs: np.ndarray, stacked: bool) -> np.ndarray:
 
 
 def inspect_env(settings: EnvSettings) -> EnvSpec:
-    """Build one environment to check it is usable; raise ValueError saying why not."""
+    """Build one environment to check it is usable; raise SettingsError saying why not."""
     try:
         env = make_single_env(settings)
     except gym.error.Error as exc:
-        raise ValueError(f"--env-id {settings.env_id!r}: {exc}") from None
+        raise SettingsError(f"--env-id {settings.env_id!r}: {exc}") from None
     except Exception as exc:  # wrappers reject unsuitable spaces with assorted errors
-        raise ValueError(f"--env-id {settings.env_id!r} cannot be used with this observation pipeline: {exc}") from None
+        raise SettingsError(f"--env-id {settings.env_id!r} cannot be used with this observation pipeline: {exc}") from None
     try:
         obs_space, act_space = env.observation_space, env.action_space
     finally:
         env.close()
     if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
-        raise ValueError(f"--env-id {settings.env_id!r}: expected a 1-d Box action space, got {act_space}")
+        raise SettingsError(f"--env-id {settings.env_id!r}: expected a 1-d Box action space, got {act_space}")
     if not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
-        raise ValueError(f"--env-id {settings.env_id!r}: the action space must be bounded, got {act_space}")
+        raise SettingsError(f"--env-id {settings.env_id!r}: the action space must be bounded, got {act_space}")
     if not isinstance(obs_space, gym.spaces.Box) or obs_space.dtype != np.uint8 or len(obs_space.shape) < 2:
-        raise ValueError(
+        raise SettingsError(
             f"--env-id {settings.env_id!r}: expected image observations (a uint8 Box of 2 or more dims), "
             f"got {obs_space}"
         )

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from .errors import SettingsError
+
 __all__ = [
     "RunLog",
     "CheckpointError",
@@ -165,10 +167,10 @@ def truncate_logs(run_dir: str | Path, iteration: int) -> None:
 
 
 def check_fresh(run_dir: str | Path) -> None:
-    """ValueError if ``run_dir`` already holds a run: it would mix two runs' metrics and checkpoints."""
+    """SettingsError if ``run_dir`` already holds a run: it would mix two runs' metrics and checkpoints."""
     path = Path(run_dir)
     if any((path / name).exists() for name in ("metrics.jsonl", "episodes.jsonl", "checkpoints")):
-        raise ValueError(f"--run-dir {run_dir} already holds a run: pass --resume {run_dir} to continue it, "
+        raise SettingsError(f"--run-dir {run_dir} already holds a run: pass --resume {run_dir} to continue it, "
                          "--overwrite to start again in it, or another --run-dir")
 
 
@@ -239,10 +241,14 @@ def iteration_messages(record: dict[str, Any], direction: str | None = None) -> 
     return _meter_sum(record, "net/", direction, "messages")
 
 
-def measured_records(records: Sequence[dict[str, Any]], skip_first: bool = True) -> Sequence[dict[str, Any]]:
+def measured_records(records: Sequence[dict[str, Any]], skip_first: bool = True,
+                     skip_last: bool = False) -> Sequence[dict[str, Any]]:
     """The iterations per-iteration means are taken over: all but the first when there are two or more
-    (``skip_first``), because the first pays for the processes' start-up (connections, allocator, caches)."""
-    return records[1:] if skip_first and len(records) >= 2 else records
+    (``skip_first``), because the first pays for the processes' start-up (connections, allocator, caches);
+    with ``skip_last`` also all but the last when one is left after that, because the asynchronous
+    schedule's last iteration trains with no rollout beside it (its first collects with no training)."""
+    used = records[1:] if skip_first and len(records) >= 2 else records
+    return used[:-1] if skip_last and len(used) >= 2 else used
 
 
 def _mean(records: Sequence[dict[str, Any]], key: str) -> float | None:
@@ -254,7 +260,8 @@ def _mean(records: Sequence[dict[str, Any]], key: str) -> float | None:
 
 
 def summarise_run(
-    run_dir: str | Path, last_episodes: int = 20, upto: int | None = None, *, skip_first: bool = True
+    run_dir: str | Path, last_episodes: int = 20, upto: int | None = None, *, skip_first: bool = True,
+    skip_last: bool = False,
 ) -> dict[str, Any]:
     """One run directory in numbers: totals as of its last iteration, means per iteration, returns.
 
@@ -266,7 +273,7 @@ def summarise_run(
     if not records:
         raise ValueError(f"{run_dir}: metrics.jsonl has no iterations")
     last = records[-1]
-    used = measured_records(records, skip_first)
+    used = measured_records(records, skip_first, skip_last)
     total = link_bytes(last)
     steps = last.get("global_step")
     episodes = [e for e in read_episodes(run_dir) if e["iteration"] <= last["iteration"]]

@@ -12,8 +12,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import SettingsError
+
 __all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "Exchange", "EXCHANGES", "ScheduleSettings", "SCHEDULES",
-           "option_name", "TrainSettings", "RunOptions", "ACTION_MAPS", "CUTS", "TRANSPORTS", "doc"]
+           "option_name", "SettingsError", "TrainSettings", "RunOptions", "ACTION_MAPS", "CUTS", "TRANSPORTS", "doc"]
 
 TRANSPORTS = ("zmq", "tcp", "torch-rpc")
 CUTS = ("cnn", "input")
@@ -153,24 +155,24 @@ class Exchange:
         """ValueError naming what is wrong."""
         name, _, params = spec.strip().partition(":")
         if name not in EXCHANGES:
-            raise ValueError(f"--exchange {spec!r}: unknown exchange {name!r} (one of {', '.join(EXCHANGES)})")
+            raise SettingsError(f"--exchange {spec!r}: unknown exchange {name!r} (one of {', '.join(EXCHANGES)})")
         known = {f.name: f.type for f in dataclasses.fields(cls) if f.name != "name"} if name == "replica" else {}
         values: dict[str, Any] = {}
         for item in filter(None, params.split(",")):
             key, eq, raw = (part.strip() for part in item.partition("="))
             if not eq or key not in known:
-                raise ValueError(f"--exchange {spec!r}: unknown parameter {item!r} for {name!r} "
+                raise SettingsError(f"--exchange {spec!r}: unknown parameter {item!r} for {name!r} "
                                  f"(parameters: {', '.join(known) or 'none'})")
             try:
                 values[key] = int(raw) if known[key] in (int, "int") else raw
             except ValueError:
-                raise ValueError(f"--exchange {spec!r}: {key}={raw!r} is not a whole number") from None
+                raise SettingsError(f"--exchange {spec!r}: {key}={raw!r} is not a whole number") from None
         exchange = cls(name, **values)
         if exchange.sync not in SYNC_MODES:
-            raise ValueError(f"--exchange {spec!r}: sync must be one of {', '.join(SYNC_MODES)}")
+            raise SettingsError(f"--exchange {spec!r}: sync must be one of {', '.join(SYNC_MODES)}")
         for key in ("last_every", "all_every"):
             if getattr(exchange, key) < 0:
-                raise ValueError(f"--exchange {spec!r}: {key} must be >= 0, got {getattr(exchange, key)}")
+                raise SettingsError(f"--exchange {spec!r}: {key} must be >= 0, got {getattr(exchange, key)}")
         return exchange
 
 
@@ -334,7 +336,7 @@ class TrainSettings:
         """Raise one ValueError listing every problem (with ``options``' too), or return self."""
         problems = self.errors() + (options.errors() if options is not None else [])
         if problems:
-            raise ValueError("invalid settings:\n  - " + "\n  - ".join(problems))
+            raise SettingsError("invalid settings:\n  - " + "\n  - ".join(problems))
         return self
 
     def shared(self) -> dict[str, Any]:
@@ -351,6 +353,24 @@ class TrainSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainSettings":
+        """The settings `to_dict` wrote (a run's config); fields it lacks (an older run) take their defaults,
+        a field it has that these settings do not know is an error."""
+        sections = {f.name: f.default_factory for f in dataclasses.fields(cls)
+                    if f.default_factory is not dataclasses.MISSING}  # the nested settings
+
+        def build(kind: Any, values: dict[str, Any], where: str) -> Any:
+            known = {f.name for f in dataclasses.fields(kind)}
+            unknown = sorted(set(values) - known)
+            if unknown:
+                raise SettingsError(f"settings{where}: unknown field(s) {', '.join(unknown)} (a newer splitrl's run?)")
+            return kind(**values)
+
+        top = {k: v for k, v in data.items() if k not in sections}
+        nested = {k: build(kind, data.get(k, {}), f".{k}") for k, kind in sections.items()}
+        return build(cls, {**top, **nested}, "")
 
     def to_argv(self) -> list[str]:
         """The command-line options that rebuild these settings (``splitrl stage0 ... ARGV``)."""
@@ -376,6 +396,14 @@ class RunOptions:
                               "worker process each (gymnasium AsyncVectorEnv), so encoding and the link overlap them")
     transport: str = doc("zmq", "the link: 'zmq' (ZeroMQ PUSH/PULL), 'tcp' (plain sockets, same frames), or 'torch-rpc' "
                           "(PyTorch RPC, the paper's link; loopback benchmarks only); both sides alike")
+    curve: str = doc("", "key directory (`splitrl keys DIR`): the link is encrypted with ZeroMQ CURVE, stage1 accepts "
+                         "only the edge keys in DIR/authorized, stage0 only the server key DIR/stage1.key")
+    insecure: bool = doc(False, "allow a link beyond this machine without --curve: anyone who reaches the ports can "
+                                "drive the learner or read the traffic")
+    heartbeat: float = doc(5.0, "seconds after which a peer whose connection closed or went silent counts as dead "
+                                "(ZeroMQ heartbeats, TCP keepalive; 0: only --timeout)")
+    rejoin: float = doc(0.0, "stage1: when stage0 is lost mid-run, wait this many seconds for a restarted stage0 "
+                             "(`--resume`) to continue from the newest checkpoint both hold (0: exit at once)")
 
     def errors(self) -> list[str]:
         out = []
@@ -395,6 +423,17 @@ class RunOptions:
             out.append("--resume and --overwrite contradict each other")
         if self.resume and self.run_dir and self.run_dir != self.resume:
             out.append(f"--resume {self.resume} continues the run there: --run-dir must be the same or not given")
+        if self.curve and self.transport != "zmq":
+            out.append(f"--curve needs --transport zmq (the {self.transport} transport has no encryption: it stays on "
+                       "this machine unless --insecure)")
+        if self.heartbeat < 0:
+            out.append(f"--heartbeat must be >= 0, got {self.heartbeat}")
+        if self.rejoin < 0:
+            out.append(f"--rejoin must be >= 0, got {self.rejoin}")
+        if self.rejoin and not self.checkpoint_every:
+            out.append("--rejoin continues from a checkpoint: it needs --checkpoint-every >= 1")
+        if self.rejoin and not self.heartbeat:
+            out.append("--rejoin needs --heartbeat > 0: that is how a lost stage0 is noticed")
         if self.vector not in ("sync", "async"):
             out.append(f"--vector must be one of sync, async, got {self.vector!r}")
         return out

@@ -60,3 +60,13 @@ def test_summary_has_totals_returns_and_settings(tmp_path):
     assert read_episodes(tmp_path) == []  # no episode finished yet
     with pytest.raises(ValueError, match="no iterations"):
         summarise_run(run, upto=0)
+
+
+def test_skip_last_leaves_out_an_asynchronous_runs_lone_training(tmp_path):
+    _write_metrics(tmp_path / "run", [{"iteration": i, "time/iteration": t, "net/fwd/sent_bytes": 1}
+                                      for i, t in ((1, 90.0), (2, 50.0), (3, 54.0), (4, 30.0))])
+    assert summarise_run(tmp_path / "run")["seconds_per_iteration"] == pytest.approx(134 / 3)
+    steady = summarise_run(tmp_path / "run", skip_last=True)
+    assert steady["seconds_per_iteration"] == 52.0 and steady["iterations_used"] == 2
+    _write_metrics(tmp_path / "two", [{"iteration": i, "time/iteration": 10.0 * i} for i in (1, 2)])
+    assert summarise_run(tmp_path / "two", skip_last=True)["seconds_per_iteration"] == 20.0  # one is all there is

@@ -224,9 +224,11 @@ def stage_commands(stage_args: Sequence[str], port: int = DEFAULT_PORT,
                    connect_host: str = STAGE1_ADDR) -> dict[str, list[str]]:
     """``connect_host``: where stage0 connects (stage1's address, or the delay relay in stage0's namespace)."""
     base = [sys.executable, "-m", "splitrl"]
+    # --insecure (last, over any --no-insecure in stage_args): the addresses are the lab's own namespaces,
+    # which nothing else on the machine reaches.
     return {
-        "stage1": base + ["stage1", "--bind", f"tcp://{STAGE1_ADDR}:{port}", *stage_args],
-        "stage0": base + ["stage0", "--connect", f"tcp://{connect_host}:{port}", *stage_args],
+        "stage1": base + ["stage1", "--bind", f"tcp://{STAGE1_ADDR}:{port}", *stage_args, "--insecure"],
+        "stage0": base + ["stage0", "--connect", f"tcp://{connect_host}:{port}", *stage_args, "--insecure"],
     }
 
 

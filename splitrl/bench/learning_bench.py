@@ -54,6 +54,13 @@ CONFIGS: dict[str, list[str]] = {
                   "--vector", "async"],
     "async": ["--num-envs", "4", "--num-steps", "1024", "--rollout-groups", "4", "--microbatches", "2",
               "--vector", "async", "--async"],
+    # The same two schedules with bf16 on the link, to compare with bf16's synchronous runs on seeds 1 and 2
+    # (docs/results/pipeline.md).
+    "bf16-pipelined": ["--codec-rollout", "bf16", "--codec-fwd", "bf16", "--codec-bwd", "bf16", "--num-envs", "4",
+                       "--num-steps", "1024", "--rollout-groups", "4", "--microbatches", "2", "--vector", "async"],
+    "bf16-async": ["--codec-rollout", "bf16", "--codec-fwd", "bf16", "--codec-bwd", "bf16", "--num-envs", "4",
+                   "--num-steps", "1024", "--rollout-groups", "4", "--microbatches", "2", "--vector", "async",
+                   "--async"],
 }
 """The paper's (fp32 features, sparse gradients after a 30,000-step warm start), the
 bf16 reference of the 20x target, ours, and the cloud setup as the honest competitor."""

@@ -6,11 +6,12 @@ mechanism to the row before (`MODES`). At 0 ms they run over loopback
 (`splitrl run`); at a given round trip they run in the lab (`splitrl.bench.lab`:
 two network namespaces, a shaped veth pair, the delay from netem or, where the
 kernel has none, the TCP delay relay), at ``rate``. The figures come from each
-run's metrics.jsonl, over the iterations after the first (which pays for
-start-up): seconds per iteration, steps/s, each stage's busy fraction (its
-process CPU seconds over wall seconds: 1.0 is one core's worth), stage0's wait on
-the link beyond stage1's compute, bytes per iteration and the asynchronous
-mode's staleness.
+run's metrics.jsonl, over the iterations between the first (start-up; in the
+asynchronous mode a rollout with no training beside it) and the last (there a
+training with no rollout beside it): seconds per iteration, steps/s, each
+stage's busy fraction (its process CPU seconds over wall seconds: 1.0 is one
+core's worth), stage0's wait on the link beyond stage1's compute, bytes per
+iteration and the asynchronous mode's staleness.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ MODES: dict[str, list[str]] = {
 
 
 def _summary(mode: str, rtt_ms: float, run_dir: Path) -> dict[str, Any]:
-    summary = summarise_run(run_dir)
-    used = measured_records(read_metrics(run_dir))
+    summary = summarise_run(run_dir, skip_last=True)
+    used = measured_records(read_metrics(run_dir), skip_last=True)
 
     def mean(f: Callable[[dict[str, Any]], float]) -> float:
         return sum(f(r) for r in used) / len(used)
@@ -94,7 +95,7 @@ def _run_in_lab(args: Sequence[str], run_dir: Path, rtt_ms: float, rate: str, ec
 
 
 def run_pipeline_bench(modes: Sequence[str] = tuple(MODES), rtts_ms: Sequence[float] = (0.0, 20.0),
-                       iterations: int = 2, rate: str = "100mbit", extra_args: Sequence[str] = (),
+                       iterations: int = 3, rate: str = "100mbit", extra_args: Sequence[str] = (),
                        out_dir: str | None = None, timeout: float = 7200.0,
                        echo: Callable[[str], Any] | None = None) -> list[dict[str, Any]]:
     """One row per (round trip, mode), modes in order; 0 ms over loopback, others in the lab."""

@@ -20,7 +20,7 @@ from .bench import bench
 from .errors import run_cli
 from .netem import lab, netem
 from .options import training_options
-from .tools import codecs_cmd, report
+from .tools import codecs_cmd, keys, report
 from .train import curve, run, stage0, stage1, train
 
 __all__ = ["main", "run_cli", "training_options"]
@@ -54,5 +54,5 @@ def main(verbose: bool) -> None:
     _install_signal_handlers()
 
 
-for _command in (stage0, stage1, train, run, curve, codecs_cmd, bench, report, netem, lab):
+for _command in (stage0, stage1, train, run, curve, codecs_cmd, bench, report, keys, netem, lab):
     main.add_command(_command)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from ..errors import SettingsError
 from .errors import fail, run_cli
 
 __all__ = ["bench"]
@@ -88,7 +89,7 @@ def bench_codecs(num_steps: int, epochs: int, minibatches: int, from_run: str | 
 @click.option("--config", "names", multiple=True, metavar="NAME",
               help="configurations to run (repeatable; default: all). Known: fp32, bf16, paper-p90, paper-p99, "
                    "ours, ours-zero-fwd, ours-ef6, ours-exact-fwd, ours-replica, ours-replica-sync, cloud-frames, "
-                   "pipelined, async")
+                   "pipelined, async, bf16-pipelined, bf16-async")
 @click.option("--iterations", default=25, show_default=True, help="PPO iterations of 4096 steps per run")
 @click.option("--out", "out_dir", default="runs/learning-comparison", show_default=True,
               type=click.Path(file_okay=False), help="one run directory per configuration goes here")
@@ -108,7 +109,7 @@ def bench_learning(names: tuple[str, ...], iterations: int, out_dir: str, table_
     def go() -> None:
         unknown = [n for n in names if n not in CONFIGS]
         if unknown:
-            raise ValueError(f"unknown --config {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
+            raise SettingsError(f"unknown --config {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
         chosen = list(names or CONFIGS)
         out = Path(out_dir)
         if table_only:
@@ -151,8 +152,9 @@ def bench_e2e(iterations: int, repeats: int, out_dir: str | None, json_path: str
 @click.option("--rtt", "rtts", default="0,20", show_default=True,
               help="comma-separated round trips in ms; above 0 the runs go through the lab (needs root)")
 @click.option("--rate", default="100mbit", show_default=True, help="the lab's link rate (tc units)")
-@click.option("--iterations", default=2, show_default=True,
-              help="paper iterations per run (the first, which pays for start-up, is left out of the figures)")
+@click.option("--iterations", default=3, show_default=True,
+              help="paper iterations per run (the first and, with three or more, the last are left out of the "
+                   "figures: start-up, and the asynchronous mode's rollout or training alone)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="keep the run directories here")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
@@ -173,6 +175,50 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
 
     rows = run_cli(go)
     click.echo(pipeline_table(rows))
+    _write_json(json_path, rows)
+
+
+@bench.command("fuzz")
+@click.option("--cases", default=100_000, show_default=True, help="mutated messages fed to the decoder")
+@click.option("--live", default=300, show_default=True,
+              help="sessions replayed to a live stage1 loop, one mutated message in each")
+@click.option("--seed", default=0, show_default=True, help="a case is reproducible from (seed, its index)")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the counts as JSON")
+def bench_fuzz(cases: int, live: int, seed: int, json_path: str | None) -> None:
+    """Mutate frames captured from a real session (byte-level, frame-level, structure-aware) and feed them to
+    the decoder and to a live stage1. Exit 1 if any case ended other than in a message, a ProtocolError, a
+    clean stop or a timeout."""
+    from ..bench.fuzz import capture_session, fuzz_decoder, fuzz_stage1
+
+    def go() -> dict:
+        captured = capture_session()
+        corpus = [m for sender in captured.values() for m in sender]
+        click.echo(f"captured {len(corpus)} messages from a two-iteration session", err=True)
+        decoder = fuzz_decoder(corpus, cases, seed)
+        click.echo(f"decoder: {decoder.as_dict()}", err=True)
+        stage1 = fuzz_stage1(captured, live, seed) if live else None
+        if stage1 is not None:
+            click.echo(f"live stage1: {stage1.as_dict()}", err=True)
+        return {"seed": seed, "corpus_messages": len(corpus), "decoder": decoder.as_dict(),
+                "live_stage1": stage1.as_dict() if stage1 else None}
+
+    result = run_cli(go)
+    _write_json(json_path, result)
+    findings = result["decoder"]["findings"] + (result["live_stage1"] or {}).get("findings", [])
+    for line in findings:
+        click.echo(f"finding: {line}", err=True)
+    sys.exit(1 if findings else 0)
+
+
+@bench.command("reliability")
+@click.option("--heartbeat", default=2.0, show_default=True, help="--heartbeat of the split runs whose peer is killed")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
+def bench_reliability(heartbeat: float, json_path: str | None) -> None:
+    """What a hostile peer can make a stage hold (RSS and peak of a victim process), and how soon a dead or
+    silent peer is noticed (a split run whose stage0 or stage1 gets SIGSTOP or SIGKILL). A few minutes."""
+    from ..bench.reliability import run_reliability
+
+    rows = run_cli(lambda: run_reliability(heartbeat, echo=lambda line: click.echo(line, err=True)))
     _write_json(json_path, rows)
 
 

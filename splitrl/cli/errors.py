@@ -7,6 +7,8 @@ from typing import Any, Callable, NoReturn
 
 import click
 
+from ..errors import SettingsError
+
 __all__ = ["run_cli", "fail"]
 
 
@@ -17,16 +19,18 @@ def fail(exc: BaseException) -> NoReturn:
 
 
 def run_cli(what: Callable[[], Any]) -> Any:
-    """Run ``what``: a bad argument (ValueError) is a usage error (exit 2), a link or peer failure exit 1,
-    Ctrl-C / SIGTERM exit 130."""
+    """Run ``what``: bad options or settings (`SettingsError`) are a usage error (exit 2); a failure while
+    running (a link or peer failure, a bad value, a full disk) is one line and exit 1; Ctrl-C / SIGTERM
+    exit 130. Anything else is a bug and keeps its traceback."""
     # Imported here, not at the top: the transport pulls in torch, which `splitrl netem` does not need.
-    from ..transport import PeerAbort, ProtocolError, TransportTimeout
+    from ..transport import ProtocolError
 
     try:
         return what()
-    except ValueError as exc:
+    except SettingsError as exc:
         raise click.UsageError(str(exc)) from None
-    except (TransportTimeout, ProtocolError, PeerAbort, ConnectionError, ImportError) as exc:
+    except (ProtocolError, ValueError, RuntimeError, OSError, TimeoutError, ImportError) as exc:
+        # ProtocolError, PeerAbort, TransportTimeout, CheckpointError... and ConnectionError are among these.
         fail(exc)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)

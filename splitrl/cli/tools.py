@@ -1,4 +1,4 @@
-"""Tool commands: ``splitrl codecs`` and ``splitrl report``."""
+"""Tool commands: ``splitrl codecs``, ``splitrl report`` and ``splitrl keys``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import click
 
 from .errors import run_cli
 
-__all__ = ["codecs_cmd", "report"]
+__all__ = ["codecs_cmd", "report", "keys"]
 
 
 @click.command("codecs")
@@ -28,8 +28,28 @@ def report(run_dirs: tuple[str, ...], out_dir: str, tensorboard: bool) -> None:
     """The paper's two figures (return and bytes on the link against env steps) and a table, for RUN_DIRS."""
     from ..bench.report import make_report
 
+    missing = [d for d in run_dirs if not (Path(d) / "metrics.jsonl").is_file()]
+    if missing:  # a wrong argument, not a failure while running
+        raise click.BadParameter(f"no metrics.jsonl in {', '.join(missing)} (not a run directory?)",
+                                 param_hint="RUN_DIRS")
     paths = run_cli(lambda: make_report(run_dirs, out_dir, tensorboard=tensorboard))
     click.echo(paths["table"])
     click.echo(f"\nfigures: {paths['return']}, {paths['bytes']}; table: {paths['markdown']}")
     if tensorboard:
         click.echo(f"tensorboard --logdir {Path(out_dir) / 'tensorboard'}")
+
+
+@click.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--name", default="stage0", show_default=True,
+              help="the edge's key name; run again with another name for each further edge")
+def keys(directory: str, name: str) -> None:
+    """Make CURVE keys for `--curve DIRECTORY`: stage1's pair (once) and an edge's pair.
+
+    Copy DIRECTORY to both machines, then delete stage1.key_secret from the edge's copy and the
+    edges' *.key_secret from the server's: stage1 needs its secret and authorized/, stage0 its own
+    secret and stage1.key."""
+    from ..transport.curve import make_keys
+
+    for path in run_cli(lambda: make_keys(directory, name)):
+        click.echo(str(path))

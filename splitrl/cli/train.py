@@ -25,8 +25,9 @@ def stage0(settings: TrainSettings, options: RunOptions, connect: str) -> None:
 
 
 @click.command()
-@click.option("--bind", default="tcp://0.0.0.0:5555", show_default=True,
-              help="where to listen (tcp://HOST:PORT binds PORT and PORT+1; also ipc://PATH)")
+@click.option("--bind", default="tcp://127.0.0.1:5555", show_default=True,
+              help="where to listen (tcp://HOST:PORT binds PORT and PORT+1; also ipc://PATH); an address beyond "
+                   "this machine needs --curve (or --insecure)")
 @training_options
 def stage1(settings: TrainSettings, options: RunOptions, bind: str) -> None:
     """The server: actor-critic heads + PPO learner. Serves one stage0 session."""

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator
 from ..runs import RunLog
 from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..transport import ProtocolError, Transport
+from ..transport.errors import peer_repr
 from ..transport.channels import Channels
 from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish
 from .pipelined import agree_on_groups, learn_groups, stage0_rollout, stage0_train, stage1_rollout, stage1_train
@@ -172,7 +173,7 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
 
     def adopt(version: Any) -> None:
         if not isinstance(version, int) or version < 0:
-            raise ProtocolError(f"step: expected the acting version v >= 0, got {version!r}")
+            raise ProtocolError(f"step: expected the acting version v >= 0, got {peer_repr(version)}")
         # stage0 publishes after its last optimizer step, which may come before ours: wait for it.
         progress.wait(lambda: progress.trained >= version, link.timeout, f"policy version {version}")
         learner.adopt(version)

@@ -12,6 +12,7 @@ import torch
 from ..runs import RunLog
 from ..stages import STAGE0, STAGE1, Edge, EdgeExchange, Learner, LearnerExchange
 from ..transport import Message, ProtocolError, Transport
+from ..transport.errors import peer_repr
 
 __all__ = ["PhaseClock", "expect", "iteration_stats", "IterationLog", "checkpoint_due", "stage0_finish",
            "stage1_finish"]
@@ -55,7 +56,7 @@ def expect(link: Transport, kind: str, **header: Any) -> Message:
     got = {key: msg.header.get(key) for key in header}
     if got != header:
         raise ProtocolError(f"{kind}: expected {', '.join(f'{k}={v}' for k, v in header.items())}, "
-                            f"got {', '.join(f'{k}={v!r}' for k, v in got.items())}")
+                            f"got {', '.join(f'{k}={peer_repr(v)}' for k, v in got.items())}")
     return msg
 
 

@@ -6,10 +6,11 @@ the same learning maths (docs/PROTOCOL.md section 11; ``g`` and ``j`` join the
 headers):
 
 - rollout: stage0's envs are cut into K groups (``--rollout-groups``) that take
-  turns, as in Sample Factory's double-buffered sampling: stage0 starts every
-  group it has an action for (their envs step in worker processes with
-  ``--vector async``), then finishes each in turn and sends its next step, so
-  stage1 acts for one group while the other groups' envs step. The policy is
+  turns, as in Sample Factory's double-buffered sampling: stage0 takes one
+  group's action, steps that group and sends its next step, then goes on to the
+  next group, so a group's round trip (and stage1's acting for it) runs while
+  the other groups step. With ``--vector async`` a group's step is finished one
+  turn later (`rollout_lag`), so two groups' worker envs step at once. The policy is
   fixed within a rollout and the order of the messages is fixed, so the twin with
   the same K computes the same numbers bit for bit.
 - training: each minibatch goes in M micro-batches (``--microbatches``, GPipe):
@@ -21,7 +22,7 @@ headers):
   such as ef's top-k, choose per micro-batch).
 
 Before the first iteration stage0 measures the round trip (``ping``/``pong``)
-and, with ``--rollout-groups auto``, picks K >= 1 + RTT / (env step time) among
+and, with ``--rollout-groups auto``, picks K >= 1 + lag + RTT / (group step time) among
 the divisors of the env count; ``plan`` tells stage1 the K it chose.
 
 The rollout and training halves are functions of their own: the asynchronous
@@ -33,6 +34,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from typing import Any, Callable
 
 import numpy as np
@@ -42,10 +44,11 @@ from ..envs import make_single_env
 from ..runs import RunLog
 from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..transport import ProtocolError, Transport
+from ..transport.errors import peer_repr
 from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish
 
 __all__ = ["stage0_loop", "stage1_loop", "agree_on_groups", "learn_groups", "stage0_rollout", "stage1_rollout",
-           "stage0_train", "stage1_train", "choose_groups", "PINGS"]
+           "stage0_train", "stage1_train", "choose_groups", "rollout_lag", "PINGS"]
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +56,30 @@ PINGS = 5
 """Round trips timed before the first iteration; the fastest counts (the others met start-up noise)."""
 
 
+def rollout_lag(groups: int, vector: str) -> int:
+    """Turns a group's step stays under way before stage0 waits for it: 1 with worker envs (so two groups
+    step at once while stage0 takes the next action), 0 with in-process envs (the step happens in the
+    wait); never so many that no group is left on the link (at most K - 1)."""
+    return min(1 if vector == "async" else 0, groups - 1)
+
+
+NEGLIGIBLE_RTT = 0.1
+"""A round trip under this fraction of a group step is not worth more, smaller messages: one group."""
+
+
 def choose_groups(num_envs: int, rtt: float, step_seconds: float, parallel: bool = True) -> int:
     """The fewest groups that hide the round trip, a divisor of ``num_envs``.
 
-    While one group waits ``rtt`` for its actions the others must keep stage0 busy, each
-    for one group step: K >= 1 + RTT / group step. A group steps in ``step_seconds`` when
-    its envs step at once (``parallel``: worker processes), in group size x that when they
-    step one after another in stage0's process."""
+    stage0 serves the groups in turn, one group step each (``step_seconds`` when the group's envs step
+    at once in worker processes, ``parallel``; group size x that in stage0's process). A group's next
+    step goes out ``lag`` turns after its action came (`rollout_lag`) and its next action is needed K
+    turns after that action, so K - 1 - lag turns must cover the round trip:
+    K >= 1 + lag + RTT / group step."""
     divisors = [k for k in range(1, num_envs + 1) if num_envs % k == 0]
     for k in divisors:
         group_step = max(step_seconds, 1e-6) * (1 if parallel else num_envs // k)
-        if k >= 1 + math.ceil(rtt / group_step):
+        need = rtt / group_step
+        if need < NEGLIGIBLE_RTT or k >= 1 + rollout_lag(k, "async" if parallel else "sync") + need:
             return k
     return divisors[-1]
 
@@ -118,7 +134,7 @@ def learn_groups(learner: Learner, link: Transport) -> int:
     n = learner.settings.env.num_envs
     if not isinstance(groups, int) or groups < 1 or n % groups or wanted not in (None, groups):
         raise ProtocolError(f"plan: expected rollout_groups dividing {n}"
-                            f"{'' if wanted is None else f' (the settings say {wanted})'}, got {groups!r}")
+                            f"{'' if wanted is None else f' (the settings say {wanted})'}, got {peer_repr(groups)}")
     learner.set_groups(groups)
     return groups
 
@@ -141,26 +157,37 @@ def stage0_rollout(edge: Edge, link: Transport, clock: PhaseClock, iteration: in
         with clock("link"):
             link.send("step", tensors, {**codec_header, **header})
 
+    def finish(t: int, g: int) -> None:
+        header = tags(t=t + 1, g=g) if t + 1 < steps else tags(g=g)
+        with clock("env"):
+            edge.finish_step(g)
+        if t + 1 < steps:
+            send_step(t + 1, g, header)
+            return
+        with clock("encoder"):
+            tensors, codec_header = edge.end_rollout(g)
+        with clock("link"):
+            link.send("rollout_end", tensors, {**codec_header, **header})
+
+    # One group at a time, in a fixed order: take its action, step it, send its next step; the other
+    # groups' steps are on the link (or in stage1) meanwhile. With worker envs a group's step is
+    # finished one turn later (`rollout_lag`), so two groups' envs step at once.
+    lag = rollout_lag(len(groups), edge.vector)
     edge.begin_rollout(iteration)
     for g in groups:
         send_step(0, g, tags(t=0, g=g))
+    stepping: deque[tuple[int, int]] = deque()
     for t in range(steps):
-        for g in groups:  # every group with its action in hand steps (in its workers with --vector async)
+        for g in groups:
             with clock("link"):
                 action = expect(link, "action", t=t, g=g)
             with clock("env"):
                 edge.begin_step(action, g)
-        for g in groups:  # meanwhile stage1 acts for the groups already sent
-            header = tags(t=t + 1, g=g) if t + 1 < steps else tags(g=g)
-            with clock("env"):
-                edge.finish_step(g)
-            if t + 1 < steps:
-                send_step(t + 1, g, header)
-                continue
-            with clock("encoder"):
-                tensors, codec_header = edge.end_rollout(g)
-            with clock("link"):
-                link.send("rollout_end", tensors, {**codec_header, **header})
+            stepping.append((t, g))
+            if len(stepping) > lag:
+                finish(*stepping.popleft())
+    while stepping:
+        finish(*stepping.popleft())
 
 
 def stage1_rollout(learner: Learner, link: Transport, busy: PhaseClock, iteration: int, *,

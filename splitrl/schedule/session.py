@@ -24,10 +24,13 @@ import torch
 
 from ..envs import EnvSpec, inspect_env
 from ..runs import RunLog, check_fresh, checkpoint_iterations, default_run_dir, load_checkpoint, truncate_logs
-from ..settings import RunOptions, TrainSettings
+from ..settings import RunOptions, SettingsError, TrainSettings
 from ..stages import LIMITS, STAGE0, STAGE1, Edge, Learner, edge_exchange, learner_exchange
-from ..transport import PeerAbort, ProtocolError, TcpTransport, Transport, TransportTimeout, ZmqTransport
-from ..transport.handshake import check_hello, handshake, send_hello
+from ..transport import PeerAbort, PeerGone, ProtocolError, TcpTransport, Transport, TransportTimeout, ZmqTransport
+from ..transport.curve import client_keys, server_keys
+from ..transport.endpoints import is_local
+from ..transport.errors import peer_repr
+from ..transport.handshake import HandshakeError, answer_hello, handshake
 from ..transport.local import LocalTransport
 from . import asynchronous, pipelined, sync
 
@@ -70,13 +73,13 @@ def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[En
 def _check_resumable(run_dir: Path, config_name: str, settings: TrainSettings) -> None:
     path = run_dir / config_name
     if not path.exists():
-        raise ValueError(f"--resume {run_dir}: no {config_name} there (is it this stage's run directory?)")
+        raise SettingsError(f"--resume {run_dir}: no {config_name} there (is it this stage's run directory?)")
     saved = _flatten(json.loads(path.read_text())["settings"])
     now = _flatten(settings.to_dict())
     differ = [f"{key}: the run has {saved.get(key)!r}, now {now.get(key)!r}" for key in sorted(set(saved) | set(now))
               if key != "total_steps" and saved.get(key) != now.get(key)]
     if differ:
-        raise ValueError(f"--resume {run_dir}: the settings differ from the run's (only --total-steps may): "
+        raise SettingsError(f"--resume {run_dir}: the settings differ from the run's (only --total-steps may): "
                          + "; ".join(differ))
 
 
@@ -100,20 +103,40 @@ def _clear(run_dir: Path) -> None:
 def _resume_point(peer_hello: dict[str, Any], ours: list[int]) -> int:
     """The newest iteration both stages have a checkpoint of (0: none)."""
     theirs = peer_hello.get("checkpoints")
+    if theirs is None:
+        raise HandshakeError("the peer does not resume: this side continues a run (--resume, or a rejoin after "
+                             "the peer was lost), so start the peer with --resume RUN_DIR too")
     if not isinstance(theirs, list) or not all(isinstance(i, int) for i in theirs):
-        raise ProtocolError(f"hello: expected the peer's checkpoint iterations as a list of ints, got {theirs!r}")
+        raise ProtocolError(f"hello: expected the peer's checkpoint iterations as a list of ints, got {peer_repr(theirs)}")
     return max(set(ours) & set(theirs), default=0)
 
 
 def open_link(options: RunOptions, endpoint: str, *, bind: bool, peer: str) -> Transport:
-    """The link to the other stage, as chosen by ``--transport``."""
+    """The link to the other stage, as chosen by ``--transport`` (and ``--curve``, ``--heartbeat``)."""
     if options.transport == "torch-rpc":
         from ..transport.torch_rpc import TorchRpcTransport  # imports torch.distributed: only when asked
 
-        cls: type[Transport] = TorchRpcTransport
-    else:
-        cls = {"zmq": ZmqTransport, "tcp": TcpTransport}[options.transport]
-    return cls(endpoint, bind=bind, timeout=options.timeout, limits=LIMITS, name=peer)
+        return TorchRpcTransport(endpoint, bind=bind, timeout=options.timeout, limits=LIMITS, name=peer)
+    if options.transport == "tcp":
+        return TcpTransport(endpoint, bind=bind, timeout=options.timeout, limits=LIMITS, name=peer,
+                            heartbeat=options.heartbeat)
+    keys = (server_keys(options.curve) if bind else client_keys(options.curve)) if options.curve else None
+    return ZmqTransport(endpoint, bind=bind, timeout=options.timeout, limits=LIMITS, name=peer,
+                        heartbeat=options.heartbeat, curve=keys)
+
+
+def check_exposure(options: RunOptions, endpoint: str, *, bind: bool) -> None:
+    """A link beyond this machine needs --curve, or --insecure (and then a warning): without CURVE anyone
+    who reaches the ports can drive the learner and read the traffic."""
+    if options.curve or is_local(endpoint):
+        return
+    doing = "binding" if bind else "connecting to"
+    if not options.insecure:
+        raise SettingsError(f"{doing} {endpoint} opens the link beyond this machine without authentication: "
+                            "use --curve DIR (keys from `splitrl keys DIR`), or --insecure on a network that is "
+                            "yours alone")
+    log.warning("[%s] --insecure: %s %s without CURVE; anyone who reaches it can drive the learner and read the "
+                "traffic", STAGE1 if bind else STAGE0, doing, endpoint)
 
 
 def make_edge(settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None, options: RunOptions) -> Edge:
@@ -166,19 +189,20 @@ def serve_stage1(learner: Learner, link: Transport, run_log: RunLog | None = Non
     try:
         exchange = learner_exchange(learner)
         ours = checkpoint_iterations(run_log.dir, STAGE1) if resume and run_log is not None else []
-        hello = link.recv(timeout=start_timeout)
-        # Answer before checking, so a mismatch is reported on both sides.
-        send_hello(link, STAGE1, shared, extra={"checkpoints": ours} if resume else None)
-        check_hello(hello, STAGE1, STAGE0, shared, link.peer)
+        # Answers before checking, so a mismatch is reported on both sides.
+        hello = answer_hello(link, STAGE1, STAGE0, shared, timeout=start_timeout,
+                             extra={"checkpoints": ours} if resume else None)
         log.info("[stage1] stage0 connected")
         if resume:
-            iteration = _resume_point(hello.header, ours)
+            iteration = _resume_point(hello, ours)
             if iteration:
                 state = load_checkpoint(run_log.dir, STAGE1, iteration)
                 learner.load_state_dict(state)
                 exchange.load_state_dict(state["exchange"])
             log.info("[stage1] resuming after iteration %d", iteration)
         served = SCHEDULES[learner.settings.schedule.mode].stage1_loop(learner, exchange, link, run_log)
+    except PeerGone:
+        raise  # nobody to tell; an abort left queued could meet a rejoining stage0 first
     except BaseException as exc:
         link.abort(f"stage1 failed: {type(exc).__name__}: {exc}")
         raise
@@ -187,6 +211,7 @@ def serve_stage1(learner: Learner, link: Transport, run_log: RunLog | None = Non
 
 
 def run_stage0(settings: TrainSettings, options: RunOptions, connect: str) -> list[dict[str, Any]]:
+    check_exposure(options, connect, bind=False)
     spec, run_log = prepare(settings, options, STAGE0)
     edge = make_edge(settings, spec, run_log, options)
     with open_link(options, connect, bind=False, peer=f"stage1 at {connect}") as link:
@@ -196,11 +221,28 @@ def run_stage0(settings: TrainSettings, options: RunOptions, connect: str) -> li
 
 
 def run_stage1(settings: TrainSettings, options: RunOptions, bind: str) -> int:
+    check_exposure(options, bind, bind=True)
     spec, run_log = prepare(settings, options, STAGE1)
     learner = make_learner(settings, spec)
     with open_link(options, bind, bind=True, peer="stage0") as link:
         log.info("[stage1] listening on %s (%s)", link.endpoint, options.transport)
-        return serve_stage1(learner, link, run_log, start_timeout=options.start_timeout, resume=bool(options.resume))
+        resume, start_timeout, rejoining = bool(options.resume), options.start_timeout, False
+        while True:
+            try:
+                return serve_stage1(learner, link, run_log, start_timeout=start_timeout, resume=resume)
+            except (PeerGone, HandshakeError) as exc:
+                if isinstance(exc, PeerGone) and options.rejoin and link.session is not None:
+                    # The iteration in progress is lost with stage0; both go on from their newest common checkpoint.
+                    log.warning("[stage1] %s; waiting up to %.0f s for stage0 to rejoin (restarted with --resume %s)",
+                                exc, options.rejoin, run_log.dir)
+                elif isinstance(exc, HandshakeError) and rejoining:
+                    log.warning("[stage1] refused a stage0 that cannot rejoin (%s); still waiting up to %.0f s",
+                                exc, options.rejoin)
+                else:
+                    raise
+                link.new_session()
+                learner = make_learner(settings, spec)
+                resume, start_timeout, rejoining = True, options.rejoin, True
 
 
 def train_twin(settings: TrainSettings, options: RunOptions) -> list[dict[str, Any]]:

@@ -57,6 +57,7 @@ from ..codecs.dense import Bf16, Fp32, Int8
 from ..models import ActorCriticHeads, build_agent
 from ..settings import Exchange
 from ..transport import Message, ProtocolError
+from ..transport.errors import peer_repr
 from .exchange import EdgeExchange, LearnerExchange, Sent
 from .protocol import Payload
 
@@ -224,7 +225,7 @@ class ReplicaEdge(EdgeExchange):
         After the rollout's update (``names`` None) the replica's outputs on the whole view are cached."""
         got = {key: msg.header.get(key) for key in expected}
         if got != expected:
-            raise ProtocolError(f"heads: expected the update for {expected}, got {got}")
+            raise ProtocolError(f"heads: expected the update for {expected}, got {peer_repr(got)}")
         view = self.sync.decode(msg.tensors, names)
         with torch.no_grad():
             for name, p in replicated(self.replica):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass
@@ -16,15 +17,21 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from .errors import PeerAbort, ProtocolError, TransportClosed
-from .wire import ABORT_KIND, Message, WireLimits, decode, encode, frame_nbytes
+from .errors import PeerAbort, PeerGone, ProtocolError, TransportClosed, TransportTimeout, peer_text
+from .wire import ABORT_KIND, HELLO_KIND, Message, WireLimits, decode, encode, frame_nbytes, session_of
 
-__all__ = ["Transport", "ByteMeter", "MeterEntry", "INVALID_KIND"]
+__all__ = ["Transport", "ByteMeter", "MeterEntry", "INVALID_KIND", "STRANGER_KIND", "WAITING_LINE_EVERY"]
 
 log = logging.getLogger(__name__)
 
 INVALID_KIND = "_invalid"
 """Meter key for received frames that did not decode (not a legal kind, so it cannot collide)."""
+
+WAITING_LINE_EVERY = 5.0
+"""Seconds between the lines a transport logs while a receive waits, saying what for."""
+
+STRANGER_KIND = "_stranger"
+"""Meter key for received messages dropped because they are not the session's (`Transport.session`)."""
 
 
 @dataclass
@@ -91,6 +98,11 @@ class Transport(ABC):
     time, `ProtocolError` for a malformed message or a gap in the sequence
     numbers (the transport stays usable), and `PeerAbort` when the peer says it
     is stopping.
+
+    Once the handshake sets `session` (an id both sides learn from stage1's hello),
+    every message sent carries it, and a received message that does not carry it is
+    a stranger's: dropped, counted (`strangers`, and the meter's ``_stranger`` kind),
+    logged now and then, never fatal; the receive goes on waiting for the peer.
     """
 
     def __init__(self, *, peer: str, timeout: float, limits: WireLimits) -> None:
@@ -103,6 +115,9 @@ class Transport(ABC):
         self._send_seq = 0
         self._recv_seq = 0
         self._closed = False
+        self.session: int | None = None
+        self.strangers = 0
+        self._reopened: Message | None = None  # a restarted peer's hello, kept for the next session
 
     # -- what subclasses provide ------------------------------------------------
     @abstractmethod
@@ -128,7 +143,7 @@ class Transport(ABC):
     ) -> int:
         """Send one message; returns the bytes it cost on the link."""
         self._check_open()
-        frames = encode(kind, self._send_seq, header, tensors)
+        frames = encode(kind, self._send_seq, header, tensors, sid=self.session)
         self._send_frames(frames, self.timeout if timeout is None else timeout)
         self._send_seq += 1
         nbytes = sum(frame_nbytes(f) for f in frames)
@@ -138,13 +153,20 @@ class Transport(ABC):
     def recv(self, timeout: float | None = None) -> Message:
         """Receive the next message within ``timeout`` seconds (default: the transport's)."""
         self._check_open()
-        frames = self._recv_frames(self.timeout if timeout is None else timeout)
-        try:
-            msg = decode(frames, self.limits)
-        except ProtocolError as exc:
-            self.meter.add(INVALID_KIND, "recv", sum(frame_nbytes(f) for f in frames), len(frames))
-            raise ProtocolError(f"from {self.peer}: {exc}") from None
-        self.meter.add(msg.kind, "recv", msg.nbytes, len(frames))
+        budget = whole = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        while True:
+            try:
+                frames = self._recv_frames(budget)
+            except TransportTimeout:
+                if budget == whole:
+                    raise
+                raise TransportTimeout(f"no message from {self.peer} within {whole:g} s (only strangers': "
+                                       f"{self.strangers} dropped so far)") from None
+            msg = self._decoded(frames)
+            if msg is not None:
+                break
+            budget = max(0.001, deadline - time.monotonic())
         expected = self._recv_seq
         if msg.seq >= expected:  # after a gap, resynchronise; a replay must not rewind
             self._recv_seq = msg.seq + 1
@@ -154,8 +176,77 @@ class Transport(ABC):
                 f"from {self.peer}: sequence number: expected {expected}, got {msg.seq} ({what}); message dropped"
             )
         if msg.kind == ABORT_KIND:
-            raise PeerAbort(f"{self.peer} stopped: {msg.header.get('reason', 'no reason given')}")
+            raise PeerAbort(f"{self.peer} stopped: {peer_text(msg.header.get('reason', 'no reason given'), 2000)}")
         return msg
+
+    def recv_opening(self, kind: str, timeout: float | None = None) -> Message:
+        """The first message of a session, of ``kind``: anything else that arrives first (frames that do not
+        decode, other kinds, a connection that closes) is a stranger's, dropped and counted like one, and the
+        wait goes on. A restarted peer's hello that ended the last session (`PeerGone`) comes first."""
+        if self._reopened is not None and self._reopened.kind == kind:
+            msg, self._reopened = self._reopened, None
+            self._recv_seq = msg.seq + 1
+            return msg
+        budget = whole = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        while True:
+            try:
+                msg = self.recv(budget)
+            except (ProtocolError, PeerAbort, PeerGone) as exc:
+                what = str(exc)
+            else:
+                if msg.kind == kind:
+                    return msg
+                what = f"a {peer_text(msg.kind, 40)!r} message before any {kind!r}"
+            self._recv_seq = 0  # a stranger's message does not move the session's sequence
+            self._stranger(0, 0, what)
+            self._drop_stranger()
+            budget = deadline - time.monotonic()
+            if budget <= 0:
+                raise TransportTimeout(f"no {kind!r} from {self.peer} within {whole:g} s (only strangers': "
+                                       f"{self.strangers} dropped)")
+
+    def _decoded(self, frames: Sequence[Any]) -> Message | None:
+        """The message, None for a stranger's (dropped and counted), or `ProtocolError` for a malformed one
+        of the session's (or of anyone's before there is a session)."""
+        try:
+            msg = decode(frames, self.limits)
+        except ProtocolError as exc:
+            nbytes = sum(frame_nbytes(f) for f in frames)
+            if self.session is not None and session_of(frames, self.limits) != self.session:
+                self._stranger(nbytes, len(frames), str(exc))
+                return None
+            self.meter.add(INVALID_KIND, "recv", nbytes, len(frames))
+            raise ProtocolError(f"from {self.peer}: {exc}") from None
+        if self.session is not None and msg.sid != self.session:
+            if msg.kind == HELLO_KIND and msg.sid is None and msg.seq == 0:
+                # Only the peer holding our one connection can send it (strangers are refused, section 8 of
+                # docs/PROTOCOL.md), and the session's peer never says hello twice: a new process took its place.
+                self.meter.add(msg.kind, "recv", msg.nbytes, len(frames))
+                self._reopened = msg
+                raise PeerGone(f"{self.peer} started over: a new process opened a new session (its hello came "
+                               "in the middle of this one)")
+            self._stranger(msg.nbytes, len(frames), f"a {peer_text(msg.kind, 40)!r} message of session {msg.sid}")
+            return None
+        self.meter.add(msg.kind, "recv", msg.nbytes, len(frames))
+        return msg
+
+    def _stranger(self, nbytes: int, nframes: int, what: str) -> None:
+        self.strangers += 1
+        self.meter.add(STRANGER_KIND, "recv", nbytes, nframes)
+        count = self.strangers
+        if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th, ...: a flood cannot flood the log
+            log.warning("dropped a message that is not this session's (%d so far): %s", count, peer_text(what, 200))
+
+    def _drop_stranger(self) -> None:
+        """Before a session: let go of the connection a stranger's message came on, where a transport can
+        (plain TCP); ZeroMQ's gate and handshake timeout bound its connections instead."""
+
+    def new_session(self) -> None:
+        """Forget the session and its sequence numbers: the next ``hello`` opens another (a peer that
+        rejoins after its predecessor was lost). What the old session sent and left queued is a stranger's."""
+        self.session = None
+        self._send_seq = self._recv_seq = 0
 
     def abort(self, reason: str, timeout: float = 1.0) -> None:
         """Tell the peer we are stopping. Best effort: never raises."""

@@ -8,10 +8,12 @@ beyond that (ipc://, inproc://, loopback only) is its own business.
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import socket
 from dataclasses import dataclass
 
-__all__ = ["TcpEndpoint", "parse_tcp_endpoint", "require_tcp_endpoint"]
+__all__ = ["TcpEndpoint", "parse_tcp_endpoint", "require_tcp_endpoint", "is_local"]
 
 _TCP_RE = re.compile(r"tcp://(?P<host>\[[^\]]+\]|[^:/\[\]]+):(?P<port>\d+|\*)\Z")
 
@@ -56,3 +58,18 @@ def require_tcp_endpoint(endpoint: object, transport: str) -> TcpEndpoint:
     if tcp is None:
         raise ValueError(f"{transport} needs a tcp://HOST:PORT endpoint, got {endpoint!r}")
     return tcp
+
+
+def is_local(endpoint: str) -> bool:
+    """Whether ``endpoint`` stays on this machine: ipc:// and inproc://, or a tcp host that is a loopback
+    address or a name resolving only to loopback addresses. Wildcards (``*``, 0.0.0.0, ::) are not local."""
+    tcp = parse_tcp_endpoint(endpoint, wildcard_port=True)
+    if tcp is None:
+        return endpoint.startswith(("ipc://", "inproc://"))
+    if tcp.address == "*":
+        return False
+    try:
+        infos = socket.getaddrinfo(tcp.address, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)

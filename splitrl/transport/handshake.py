@@ -1,20 +1,24 @@
-"""The first exchange on every link: who is talking, and do both sides agree?
+"""The first exchange on every link: who is talking, do both sides agree, and which session is this?
 
-Both sides send ``hello`` and check the peer's, so a mismatch stops both with the
-same list of differing settings.
+The initiator (stage0) sends ``hello`` with its settings; the responder (stage1) answers
+with the settings' hash only, the names of the settings that differ (their values stay in
+its own log: an unauthenticated peer learns nothing it did not send), and a fresh session
+id in the outer header, which every later message of both sides carries
+(`Transport.session`). A mismatch stops both, each naming the differing settings.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from typing import Any, Mapping
 
 from .base import Transport
-from .errors import ProtocolError
-from .wire import HELLO_KIND, PROTOCOL_VERSION, Message
+from .errors import ProtocolError, peer_repr, peer_text
+from .wire import HELLO_KIND, MAX_SESSION_ID, PROTOCOL_VERSION, Message
 
-__all__ = ["HandshakeError", "handshake", "send_hello", "check_hello", "settings_hash"]
+__all__ = ["HandshakeError", "handshake", "send_hello", "check_hello", "settings_hash", "differing", "new_session", "answer_hello"]
 
 
 class HandshakeError(ProtocolError):
@@ -27,6 +31,18 @@ def settings_hash(settings: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def new_session() -> int:
+    """A random session id for the outer header's ``i`` (`splitrl.transport.wire`)."""
+    return secrets.randbelow(MAX_SESSION_ID) + 1
+
+
+def differing(mine: Mapping[str, Any], theirs: Any) -> list[str]:
+    """The names of the settings that differ (all of ours when the peer sent no settings map)."""
+    if not isinstance(theirs, dict):
+        return sorted(mine)
+    return [peer_text(k, 60) for k in sorted(set(mine) | set(theirs), key=str) if mine.get(k, "<unset>") != theirs.get(k, "<unset>")]
+
+
 def _differences(mine: Mapping[str, Any], theirs: Any, role: str, peer_role: str) -> list[str]:
     if not isinstance(theirs, dict):
         return [f"settings: the {peer_role} sent no settings map"]
@@ -34,16 +50,17 @@ def _differences(mine: Mapping[str, Any], theirs: Any, role: str, peer_role: str
     for key in sorted(set(mine) | set(theirs)):
         a, b = mine.get(key, "<unset>"), theirs.get(key, "<unset>")
         if a != b:
-            out.append(f"{key}: {role}={a!r} {peer_role}={b!r}")
+            out.append(f"{peer_text(key, 60)}: {role}={a!r} {peer_role}={peer_text(peer_repr(b))}")
     return out
 
 
 def send_hello(transport: Transport, role: str, settings: Mapping[str, Any], timeout: float | None = None,
-               extra: Mapping[str, Any] | None = None) -> None:
-    """Send our ``hello``. ``settings`` must be JSON- and msgpack-serialisable; ``extra``: more fields the
-    application wants the peer to know (e.g. the checkpoints it could resume from)."""
+               extra: Mapping[str, Any] | None = None, *, reveal: bool = True) -> None:
+    """Send our ``hello``. ``settings`` must be JSON- and msgpack-serialisable; ``reveal=False`` sends their
+    hash only; ``extra``: more fields the application wants the peer to know (e.g. the checkpoints it could
+    resume from, the names of the settings that differ)."""
     header = {"proto": PROTOCOL_VERSION, "role": role, "settings_hash": settings_hash(settings),
-              "settings": dict(settings), **(extra or {})}
+              **({"settings": dict(settings)} if reveal else {}), **(extra or {})}
     transport.send(HELLO_KIND, header=header, timeout=timeout)
 
 
@@ -53,14 +70,22 @@ def check_hello(msg: Message, role: str, peer_role: str, settings: Mapping[str, 
         raise HandshakeError(f"handshake with {peer}: expected a 'hello' message, got {msg.kind!r}")
     hello = msg.header
     if hello.get("proto") != PROTOCOL_VERSION:
-        raise HandshakeError(f"handshake with {peer}: protocol version: expected {PROTOCOL_VERSION}, got {hello.get('proto')!r}")
+        raise HandshakeError(f"handshake with {peer}: protocol version: expected {PROTOCOL_VERSION}, "
+                             f"got {peer_text(peer_repr(hello.get('proto')))}")
     if hello.get("role") != peer_role:
         raise HandshakeError(
-            f"handshake with {peer}: expected a {peer_role}, got {hello.get('role')!r}"
+            f"handshake with {peer}: expected a {peer_role}, got {peer_text(peer_repr(hello.get('role')))}"
             + (" (both sides think they are the same stage)" if hello.get("role") == role else "")
         )
     if hello.get("settings_hash") != settings_hash(settings):
-        diffs = _differences(settings, hello.get("settings"), role, peer_role) or ["(hashes differ, values look equal)"]
+        if "settings" in hello:
+            diffs = _differences(settings, hello["settings"], role, peer_role) or ["(hashes differ, values look equal)"]
+        else:  # the peer revealed its hash only: name what differs, with our values
+            names = hello.get("differ")
+            names = [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+            diffs = [f"{peer_text(n, 60)}: {role}={settings.get(n, '<unset>')!r}" for n in names[:100]]
+            diffs.append(f"({peer_role}'s values are in its log)" if diffs else
+                         f"(the settings' hashes differ; {peer_role}'s log lists what)")
         raise HandshakeError("settings differ between the stages: " + "; ".join(diffs))
     return hello
 
@@ -75,4 +100,23 @@ def handshake(
     before it runs `check_hello`, so a mismatch is seen, and reported, by both sides.
     """
     send_hello(transport, role, settings, timeout, extra)
-    return check_hello(transport.recv(timeout=timeout), role, peer_role, settings, transport.peer)
+    msg = transport.recv(timeout=timeout)
+    transport.session = msg.sid  # first: an abort of ours must reach the peer as its session's
+    hello = check_hello(msg, role, peer_role, settings, transport.peer)
+    if msg.sid is None:
+        raise HandshakeError(f"handshake with {transport.peer}: its hello carries no session id (an older splitrl?)")
+    return hello
+
+
+def answer_hello(transport: Transport, role: str, peer_role: str, settings: Mapping[str, Any],
+                 timeout: float | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The responder's side: wait for the initiator's ``hello`` (a stranger's frames before it are dropped),
+    open a session, answer with our hash, the names of the settings that differ and the session id, then
+    check; returns the initiator's hello header or raises `HandshakeError`."""
+    msg = transport.recv_opening(HELLO_KIND, timeout=timeout)
+    theirs = msg.header.get("settings")
+    differ = differing(settings, theirs) if msg.header.get("settings_hash") != settings_hash(settings) else []
+    transport.session = new_session()
+    send_hello(transport, role, settings, timeout, {**(extra or {}), **({"differ": differ} if differ else {})},
+               reveal=False)
+    return check_hello(msg, role, peer_role, settings, transport.peer)

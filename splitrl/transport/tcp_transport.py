@@ -15,15 +15,17 @@ import os
 import select
 import socket
 import struct
+import threading
 import time
 from typing import Any, Sequence
 
-from .base import Transport
+from ..errors import SettingsError
+from .base import WAITING_LINE_EVERY, Transport
 from .endpoints import require_tcp_endpoint
-from .errors import ProtocolError, TransportTimeout
-from .wire import WireLimits
+from .errors import PeerGone, ProtocolError, TransportTimeout
+from .wire import ABORT_KIND, WireLimits, encode
 
-__all__ = ["TcpTransport", "PeerGone"]
+__all__ = ["TcpTransport", "PeerGone", "BUSY_REASON"]
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +42,15 @@ _STAGING_BYTES = 256 * 1024
 """Small frames and length prefixes are read through this buffer, many per syscall."""
 _DIRECT_BYTES = 64 * 1024
 """A frame remainder at least this large is read straight into its own buffer."""
+_UPFRONT_BYTES = 4 * 1024 * 1024
+"""A frame's buffer starts at most this large and doubles as its bytes arrive, so a peer that announces a
+large frame and sends little costs little."""
 _RETRY_CONNECT_S = 0.05
-
-
-class PeerGone(ConnectionError):
-    """The peer closed or reset the connection."""
+_REFUSE_POLL_S = 0.2
+"""How often a binder with a session looks for further connections to refuse."""
+BUSY_REASON = ("refused: stage1 is serving another peer (one session at a time); if that was this side before a "
+               "restart, stage1 notices within its --heartbeat: start this side with --resume then")
+"""The ``abort`` reason a connection gets while the binder's session runs."""
 
 
 class TcpTransport(Transport):
@@ -54,6 +60,15 @@ class TcpTransport(Transport):
     then holds the real address) and accepts exactly one peer, lazily: on the
     first send or recv, within that call's timeout. ``bind=False`` connects on
     first use and retries until the timeout, so either side may start first.
+
+    One connection at a time (docs/PROTOCOL.md section 10): before a session
+    exists (`Transport.session`), a connection that has not delivered a whole
+    message within its opening window (2 x ``heartbeat``, at least 1 s) is
+    dropped as a stranger's and the next one accepted, so a silent connection
+    cannot hold the only place; while a session runs, every further connection
+    is answered with an ``abort`` (`BUSY_REASON`) and closed, and the session
+    goes on. ``heartbeat`` H > 0 also sets TCP keepalive (a dead host is noticed
+    within about H; a killed process closes its connection at once).
 
     Timeouts: a recv that times out in the middle of a message keeps what has
     arrived and the next recv continues it. A send that times out before any
@@ -77,8 +92,10 @@ class TcpTransport(Transport):
         timeout: float = 30.0,
         limits: WireLimits = WireLimits(),
         name: str = "",
+        heartbeat: float = 0.0,
     ) -> None:
         super().__init__(peer=name or f"peer at {endpoint}", timeout=timeout, limits=limits)
+        self.heartbeat = float(heartbeat)
         tcp = require_tcp_endpoint(endpoint, "TcpTransport")
         host, port = tcp.address, tcp.port
         self._binding = bind
@@ -90,20 +107,29 @@ class TcpTransport(Transport):
         self._sview = memoryview(self._staging)
         self._rpos = self._rend = 0
         self._reset_message()
+        self._accepted_at: float | None = None
+        self._opening = max(1.0, 2 * self.heartbeat) if self.heartbeat > 0 else None
+        self._accept_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._refuser: threading.Thread | None = None
+        self.refused = 0
+        """Connections refused while a session ran."""
         try:
             if bind:
                 self._listener = self._listen(host, port)
                 port = self._listener.getsockname()[1]
                 self.endpoint = tcp.with_port(port)
+                self._refuser = threading.Thread(target=self._refuse_others, name="tcp-refuser", daemon=True)
+                self._refuser.start()
             else:
                 if host == "*":
-                    raise ValueError("cannot connect to the wildcard host '*'")
+                    raise SettingsError("cannot connect to the wildcard host '*'")
                 # Resolved once, so a typo fails here rather than after a timeout.
                 self._addrs = [(info[0], info[4]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
                 self.endpoint = endpoint
         except (OSError, ValueError) as exc:
             self._close()
-            raise ValueError(f"cannot {'bind' if bind else 'connect'} {endpoint}: {exc}") from exc
+            raise SettingsError(f"cannot {'bind' if bind else 'connect'} {endpoint}: {exc}") from exc
         if not name:
             self.peer = f"peer at {self.endpoint}"
 
@@ -132,6 +158,15 @@ class TcpTransport(Transport):
         sock = self._accept(deadline, timeout, doing) if self._binding else self._connect(deadline, timeout, doing)
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.heartbeat > 0:
+            # TCP keepalive probes as the heartbeat: a peer silent for about ``heartbeat`` seconds (host gone,
+            # cable pulled) resets the connection, which the next receive reports as `PeerGone`.
+            probe = max(1, round(self.heartbeat / 3))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, probe)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, probe)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1000, int(self.heartbeat * 1000)))
         self._sock = sock
         self._pollers = {}
         log.debug("connected to %s (%s)", self.peer, "accepted" if self._binding else "dialled")
@@ -141,25 +176,67 @@ class TcpTransport(Transport):
         assert self._listener is not None
         while True:
             try:
-                sock, addr = self._listener.accept()
+                with self._accept_lock:
+                    sock, addr = self._listener.accept()
                 log.debug("accepted %s on %s", addr, self.endpoint)
+                self._accepted_at = time.monotonic()
                 return sock
             except BlockingIOError:
                 pass
-            if not self._poll(self._listener, select.POLLIN, deadline):
+            if not self._poll(self._listener, select.POLLIN, deadline, f"{self.peer} to connect to {self.endpoint}"):
                 raise TransportTimeout(
                     f"could not {doing} {self.peer} within {timeout:g} s: no peer connected to {self.endpoint}"
                 )
 
+    def new_session(self) -> None:
+        super().new_session()
+        self._drop()  # whoever holds the connection now is not the next session's peer until it says hello
+
+    def _drop_stranger(self) -> None:
+        self._drop()
+
+    def _refuse_others(self) -> None:
+        """While a session holds the connection, answer every further one with an ``abort`` and close it."""
+        listener = self._listener
+        assert listener is not None
+        refusal = b"".join(_framed(encode(ABORT_KIND, 0, {"reason": BUSY_REASON})))
+        poller = select.poll()
+        poller.register(listener, select.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(int(_REFUSE_POLL_S * 1000)) or self._sock is None or self.session is None:
+                if self._sock is None or self.session is None:
+                    self._stop.wait(_REFUSE_POLL_S)  # the receiving thread accepts: the place is free
+                continue
+            try:
+                with self._accept_lock:
+                    if self._sock is None or self.session is None:
+                        continue
+                    other, addr = listener.accept()
+            except (BlockingIOError, OSError):
+                continue
+            self.refused += 1
+            if self.refused & (self.refused - 1) == 0:  # the 1st, 2nd, 4th, ...: a flood cannot flood the log
+                log.warning("refused a connection from %s to %s: the session's peer holds it (one at a time; "
+                            "the session goes on; %d refused so far)", addr, self.endpoint, self.refused)
+            try:
+                other.settimeout(1.0)
+                other.sendall(refusal)
+            except OSError:
+                pass
+            finally:
+                other.close()
+
     def _connect(self, deadline: float, timeout: float, doing: str) -> socket.socket:
         last: OSError | None = None
+        start = time.monotonic()
+        next_line = start + WAITING_LINE_EVERY
         while True:
             for family, addr in self._addrs:
                 sock = socket.socket(family, socket.SOCK_STREAM)
                 sock.setblocking(False)
                 err = sock.connect_ex(addr)
                 if err in (errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK):
-                    if self._poll(sock, select.POLLOUT, deadline):
+                    if self._poll(sock, select.POLLOUT, deadline, self.peer):
                         err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                     else:
                         err = errno.ETIMEDOUT
@@ -172,22 +249,35 @@ class TcpTransport(Transport):
                 raise TransportTimeout(
                     f"could not {doing} {self.peer} within {timeout:g} s: cannot connect ({last}; is it running?)"
                 )
+            now = time.monotonic()
+            if now >= next_line:
+                log.info("waiting for %s to accept: %.0f s so far (giving up after %.0f s)", self.peer, now - start,
+                         deadline - start)
+                next_line = now + WAITING_LINE_EVERY
             time.sleep(min(_RETRY_CONNECT_S, remaining))
 
-    def _poll(self, sock: socket.socket, events: int, deadline: float) -> bool:
-        """Wait until ``sock`` is ready for ``events``; False once ``deadline`` passes."""
+    def _poll(self, sock: socket.socket, events: int, deadline: float, waiting_for: str = "") -> bool:
+        """Wait until ``sock`` is ready for ``events``; False once ``deadline`` passes. With ``waiting_for``, a
+        line every `WAITING_LINE_EVERY` seconds says what the wait is for."""
         poller = self._pollers.get(events) if sock is self._sock else None
         if poller is None:
             poller = select.poll()
             poller.register(sock, events)
             if sock is self._sock:
                 self._pollers[events] = poller
+        start = time.monotonic()
+        next_line = start + WAITING_LINE_EVERY if waiting_for else math.inf
         while True:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 return False
+            if now >= next_line:
+                log.info("waiting for %s: %.0f s so far (giving up after %.0f s)", waiting_for, now - start,
+                         deadline - start)
+                next_line = now + WAITING_LINE_EVERY
             # Round up: poll(0) would spin for the last fraction of a millisecond.
-            if poller.poll(math.ceil(remaining * 1000)):
+            if poller.poll(math.ceil(min(remaining, next_line - now) * 1000)):
                 return True
 
     def _drop(self) -> None:
@@ -224,8 +314,10 @@ class TcpTransport(Transport):
                 n = sock.sendmsg(buffers[first : first + _IOV_MAX], (), _SEND_FLAGS)
             except BlockingIOError:
                 n = 0
-            except (BrokenPipeError, ConnectionResetError) as exc:
-                raise self._gone(f" ({exc.strerror}) while we sent {sent} of {total} bytes") from None
+            except InterruptedError:
+                n = 0
+            except OSError as exc:  # closed, reset, or keepalive found the host gone (ETIMEDOUT)
+                raise self._gone(f" ({exc.strerror or exc}) while we sent {sent} of {total} bytes") from None
             sent += n
             # Skip what went out; a buffer sent in part continues from a slice (no copy).
             while n:
@@ -251,6 +343,7 @@ class TcpTransport(Transport):
         self._frames: list[bytearray] = []
         self._current: memoryview | None = None
         self._filled = 0
+        self._want = 0
         self._message_bytes = 0
 
     def _partial_bytes(self) -> int:
@@ -272,13 +365,15 @@ class TcpTransport(Transport):
                 n = sock.recv_into(view)
             except BlockingIOError:
                 n = -1
-            except ConnectionResetError:
-                raise self._gone(" (connection reset)") from None
+            except InterruptedError:
+                n = -1
+            except OSError as exc:  # reset, or keepalive found the host gone (ETIMEDOUT)
+                raise self._gone(f" ({exc.strerror or exc})") from None
             if n > 0:
                 return n
             if n == 0:
                 raise self._gone()
-            if not self._poll(sock, select.POLLIN, deadline):
+            if not self._poll(sock, select.POLLIN, deadline, self.peer):
                 partial = self._partial_bytes() + (self._rend - self._rpos)
                 kept = f" ({partial} bytes of a message kept for the next recv)" if partial else ""
                 raise TransportTimeout(f"no message from {self.peer} within {timeout:g} s{kept}")
@@ -295,6 +390,21 @@ class TcpTransport(Transport):
     def _recv_frames(self, timeout: float) -> Sequence[Any]:
         deadline = time.monotonic() + timeout
         sock = self._connection(deadline, timeout, "receive from")
+        opening = self._accepted_at + self._opening if (
+            self._binding and self.session is None and self._opening is not None and self._accepted_at is not None
+        ) else math.inf
+        if opening >= deadline:
+            return self._receive(sock, deadline, timeout)
+        try:
+            return self._receive(sock, opening, timeout)
+        except TransportTimeout:
+            self._drop()
+            raise ProtocolError(
+                f"a connection to {self.endpoint} sent no whole message within {self._opening:g} s of connecting: "
+                "dropped (one connection at a time; the next one is accepted)"
+            ) from None
+
+    def _receive(self, sock: socket.socket, deadline: float, timeout: float) -> Sequence[Any]:
         limits = self.limits
         while True:
             avail = self._rend - self._rpos
@@ -311,7 +421,13 @@ class TcpTransport(Transport):
                 else:
                     self._fill(sock, deadline, timeout)
                 if self._filled == len(current):
-                    self._current = None
+                    if self._filled < self._want:  # the bytes so far have come: make room for as many more
+                        frame = self._frames[-1]
+                        current.release()
+                        frame.extend(bytes(min(self._want, 2 * len(frame)) - len(frame)))
+                        self._current = memoryview(frame)
+                    else:
+                        self._current = None
                 continue
             if self._nframes is None:
                 if avail < _COUNT.size:
@@ -345,17 +461,30 @@ class TcpTransport(Transport):
             self._rpos += _LENGTH.size
             self._message_bytes += length
             # A fresh bytearray per frame: writable and malloc-aligned, so decode can wrap it without a copy.
-            frame = bytearray(length)
+            frame = bytearray(min(length, _UPFRONT_BYTES))
             self._frames.append(frame)
+            self._want = length
             if length:
                 self._current = memoryview(frame)
                 self._filled = 0
 
     def _close(self) -> None:
+        self._stop.set()
+        if self._refuser is not None:
+            self._refuser.join(timeout=2)
         self._drop()
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+
+
+def _framed(frames: Sequence[Any]) -> list[bytes]:
+    """One message in the plain TCP framing, as the buffers to write (docs/PROTOCOL.md section 10)."""
+    out = [_COUNT.pack(len(frames))]
+    for frame in frames:
+        view = _byte_view(frame)
+        out += [_LENGTH.pack(len(view)), bytes(view)]
+    return out
 
 
 def _byte_view(frame: Any) -> memoryview:

@@ -15,10 +15,12 @@ from typing import Any, Mapping, Sequence
 import msgpack
 import torch
 
-from .errors import ProtocolError
+from .errors import ProtocolError, peer_repr, peer_text
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "MAX_SESSION_ID",
+    "session_of",
     "DTYPES",
     "WireLimits",
     "Message",
@@ -51,6 +53,9 @@ DTYPES: dict[str, torch.dtype] = {
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in DTYPES.items()}
 _HEADER_KEYS = frozenset({"v", "k", "s", "h", "t"})
+_SESSION_KEY = "i"
+"""Optional outer-header field: the session id, once the handshake has set one (`Transport.session`)."""
+MAX_SESSION_ID = 2**32 - 1
 _KIND_RE = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,63}\Z")
 _MAX_SEQ = 2**63 - 1
@@ -73,11 +78,16 @@ class WireLimits:
     """Largest single tensor frame."""
     max_message_bytes: int = 512 * 1024 * 1024
     """Largest message, all frames together."""
+    max_depth: int = 16
+    """Deepest nesting of arrays and maps inside the header dict."""
+    finite: bool = True
+    """Reject float tensors holding NaN or infinity (one ``isfinite`` pass per float tensor)."""
     kinds: frozenset[str] | None = field(default=None)
     """Message kinds the application accepts (None: any well-formed kind name)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_header_bytes", "max_tensors", "max_ndim", "max_tensor_bytes", "max_message_bytes"):
+        for name in ("max_header_bytes", "max_tensors", "max_ndim", "max_tensor_bytes", "max_message_bytes",
+                     "max_depth"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"WireLimits.{name} must be a positive int, got {value!r}")
@@ -98,6 +108,7 @@ class Message:
     tensors: dict[str, torch.Tensor]
     seq: int = 0
     nbytes: int = 0
+    sid: int | None = None
 
 
 def frame_nbytes(frame: Any) -> int:
@@ -137,8 +148,9 @@ def encode(
     seq: int,
     header: Mapping[str, Any] | None = None,
     tensors: Mapping[str, torch.Tensor] | None = None,
+    sid: int | None = None,
 ) -> list[Any]:
-    """Encode one message as ``[header_frame, tensor_frame, ...]``.
+    """Encode one message as ``[header_frame, tensor_frame, ...]`` (with the session id ``sid``, if any).
 
     Tensor frames are zero-copy views of contiguous tensors: the caller must not
     modify a tensor until the frames have been sent.
@@ -147,10 +159,12 @@ def encode(
         raise ValueError(f"message kind must match {_KIND_RE.pattern!r}, got {kind!r}")
     if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= _MAX_SEQ:
         raise ValueError(f"sequence number must be an int in [0, 2**63), got {seq!r}")
+    if sid is not None and not (_is_int(sid) and 0 < sid <= MAX_SESSION_ID):
+        raise ValueError(f"session id must be an int in [1, 2**32), got {sid!r}")
     header = dict(header or {})
     if not all(isinstance(k, str) for k in header):
         raise ValueError(f"header keys must be str, got {sorted(map(repr, header))}")
-    problem = _plain_header_problem(header)
+    problem = _plain_header_problem(header, WireLimits.max_depth)
     if problem is not None:
         raise ValueError(f"header of {kind!r} must hold plain data with str map keys, got {problem}")
     specs: list[list[Any]] = []
@@ -162,19 +176,17 @@ def encode(
         specs.append(spec + [index])
         frames.append(buffer)
     try:
-        frames[0] = msgpack.packb(
-            {"v": PROTOCOL_VERSION, "k": kind, "s": seq, "h": header, "t": specs}, use_bin_type=True
-        )
+        outer = {"v": PROTOCOL_VERSION, "k": kind, "s": seq, "h": header, "t": specs}
+        if sid is not None:
+            outer[_SESSION_KEY] = sid
+        frames[0] = msgpack.packb(outer, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"header of {kind!r} is not msgpack-serialisable: {exc}") from exc
     return frames
 
 
 def _fail(what: str, expected: str, got: Any) -> ProtocolError:
-    text = repr(got)
-    if len(text) > 80:
-        text = text[:77] + "..."
-    return ProtocolError(f"{what}: expected {expected}, got {text}")
+    return ProtocolError(f"{what}: expected {expected}, got {peer_text(peer_repr(got))}")
 
 
 def _is_int(value: Any) -> bool:
@@ -201,23 +213,39 @@ def _unpack_header(raw: Any, limits: WireLimits) -> dict[str, Any]:
         raise ProtocolError(f"header frame: expected a msgpack map, could not decode ({type(exc).__name__}: {exc})") from None
     if not isinstance(obj, dict):
         raise _fail("header frame", "a msgpack map", type(obj).__name__)
-    if set(obj) != _HEADER_KEYS:
-        raise _fail("header keys", str(sorted(_HEADER_KEYS)), sorted(map(str, obj)))
+    keys = set(obj)
+    if keys != _HEADER_KEYS and keys != _HEADER_KEYS | {_SESSION_KEY}:
+        raise _fail("header keys", f"{sorted(_HEADER_KEYS)} and optionally {_SESSION_KEY!r}", sorted(map(str, obj)))
+    sid = obj.get(_SESSION_KEY)
+    if sid is not None and not (_is_int(sid) and 0 < sid <= MAX_SESSION_ID):
+        raise _fail("session id 'i'", "an int in [1, 2**32)", sid)
     return obj
 
 
-def _plain_header_problem(header: Any) -> str | None:
-    """What in a header is not plain msgpack data (ext types, non-str map keys), or None."""
-    stack = [header]
+def session_of(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> int | None:
+    """The session id a message's header frame carries, or None (none, or no readable header): lets a
+    receiver tell a broken message of its session's peer from a stranger's, when `decode` fails."""
+    try:
+        return _unpack_header(frames[0], limits).get(_SESSION_KEY) if len(frames) else None
+    except ProtocolError:
+        return None
+
+
+def _plain_header_problem(header: Any, max_depth: int) -> str | None:
+    """What in a header is not plain msgpack data (ext types, non-str map keys, nesting deeper than
+    ``max_depth``), or None."""
+    stack = [(header, 0)]
     while stack:
-        value = stack.pop()
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list, tuple)) and depth > max_depth:
+            return f"arrays or maps nested more than {max_depth} deep"
         if isinstance(value, dict):
             for key in value:
                 if not isinstance(key, str):
-                    return f"a map key {key!r}"
-            stack.extend(value.values())
+                    return f"a map key {peer_repr(key)}"
+            stack.extend((v, depth + 1) for v in value.values())
         elif isinstance(value, (list, tuple)):
-            stack.extend(value)
+            stack.extend((v, depth + 1) for v in value)
         elif isinstance(value, (msgpack.Timestamp, msgpack.ExtType)):
             return "a msgpack extension type"
     return None
@@ -253,9 +281,10 @@ def decode(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> Message:
     header = obj["h"]
     if not isinstance(header, dict):
         raise _fail("'h' (header dict)", "a map", type(header).__name__)
-    problem = _plain_header_problem(header)
+    problem = _plain_header_problem(header, limits.max_depth)
     if problem is not None:
-        raise ProtocolError(f"'h' (header dict): expected no msgpack extension types and str map keys, got {problem}")
+        raise ProtocolError(f"'h' (header dict): expected plain data (no msgpack extension types, str map keys, "
+                            f"at most {limits.max_depth} levels), got {problem}")
     specs = obj["t"]
     if not isinstance(specs, list):
         raise _fail("'t' (tensor list)", "an array", type(specs).__name__)
@@ -302,8 +331,11 @@ def decode(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> Message:
         total += got
         if total > limits.max_message_bytes:
             raise _fail("message size", f"at most {limits.max_message_bytes} bytes", f"more than {total} bytes")
-        tensors[name] = _tensor_from_frame(frames[index], dtype, itemsize, shape, numel)
-    return Message(kind=kind, header=header, tensors=tensors, seq=seq, nbytes=total)
+        tensor = tensors[name] = _tensor_from_frame(frames[index], dtype, itemsize, shape, numel)
+        if limits.finite and dtype.is_floating_point and numel and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ProtocolError(f"tensor {where!r}: expected finite values, got {bad} NaN or infinite of {numel}")
+    return Message(kind=kind, header=header, tensors=tensors, seq=seq, nbytes=total, sid=obj.get(_SESSION_KEY))
 
 
 def _tensor_from_frame(frame: Any, dtype: torch.dtype, itemsize: int, shape: list[int], numel: int) -> torch.Tensor:

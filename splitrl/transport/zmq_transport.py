@@ -9,13 +9,19 @@ sends block (up to the timeout) until a peer is there.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Sequence
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-from .base import Transport
+from ..errors import SettingsError
+from . import curve as curve_keys
+from .base import WAITING_LINE_EVERY, Transport
+from .curve import CurveKeys
 from .endpoints import parse_tcp_endpoint
-from .errors import TransportTimeout
+from .errors import PeerGone, ProtocolError, TransportTimeout
+from .gate import BUSY, UNKNOWN_KEY, Gate
 from .wire import WireLimits, frame_nbytes
 
 __all__ = ["ZmqTransport", "paired_endpoint", "DEFAULT_HWM"]
@@ -25,6 +31,12 @@ log = logging.getLogger(__name__)
 DEFAULT_HWM = 16
 """Messages queued per socket before a send blocks. The stages exchange messages in
 lock step, so a short queue suffices and bounds memory at 16 x the largest message."""
+
+_LINK_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+"""What the connecting side's monitor reports (the binding side's `Gate` watches its own)."""
+
+_GATE_CHECK_EVERY = 0.2
+"""Seconds between a binding side's looks at its `Gate` while it waits."""
 
 _ZERO_COPY_BYTES = zmq.COPY_THRESHOLD
 """Frames at least this large are sent zero-copy; smaller ones are cheaper to copy."""
@@ -50,6 +62,14 @@ class ZmqTransport(Transport):
     ``bind=True`` for the server side. A tcp endpoint with port 0 binds the
     receiving socket to a free port and the sending socket to the port after it
     (retrying on a clash); `endpoint` then holds the real address for the peer.
+
+    ``curve``: CURVE keys (`splitrl.transport.curve`); the binding side then accepts only
+    the keys they authorise, the connecting side only the server key they pin.
+    A binding side on tcp or ipc admits one connection per socket at a time, CURVE or not
+    (`splitrl.transport.gate`): a second peer is refused, told so, and the session goes on.
+    ``heartbeat`` H > 0: ZeroMQ heartbeats (ZMTP PING/PONG) drop a connection whose peer is
+    silent, and a receive whose peer's connection is gone (closed, or dropped by heartbeats)
+    and not back soon raises `PeerGone`: within about H in all (see the timings in __init__).
     """
 
     def __init__(
@@ -63,18 +83,50 @@ class ZmqTransport(Transport):
         hwm: int = DEFAULT_HWM,
         linger: float = 1.0,
         name: str = "",
+        curve: CurveKeys | None = None,
+        heartbeat: float = 0.0,
     ) -> None:
         super().__init__(peer=f"peer at {endpoint}" if not name else name, timeout=timeout, limits=limits)
-        self._ctx = context or zmq.Context.instance()
+        if curve is not None and curve.is_server != bind:
+            raise SettingsError(f"--curve: the {'server' if curve.is_server else 'client'} keys on the "
+                                f"{'binding' if bind else 'connecting'} side")
+        # A binding side on tcp or ipc admits connections through its `Gate` (ZAP is per context: a context of
+        # its own); an inproc link stays inside this process and shares the caller's context.
+        gated = bind and (curve is not None or not endpoint.startswith("inproc://"))
+        self._own_ctx = zmq.Context() if gated or curve is not None else None
+        self._ctx = self._own_ctx or context or zmq.Context.instance()
+        self.heartbeat = float(heartbeat)
+        self._grace = self.heartbeat * 2 / 5
         self._pull = self._ctx.socket(zmq.PULL)
         self._push = self._ctx.socket(zmq.PUSH)
         for sock in (self._pull, self._push):
             sock.setsockopt(zmq.LINGER, int(linger * 1000))
             sock.setsockopt(zmq.SNDHWM, hwm)
             sock.setsockopt(zmq.RCVHWM, hwm)
+            if curve is not None:
+                curve_keys.apply(sock, curve)
+            if heartbeat > 0:
+                # A PING every H/5; no answer within 2H/5 drops the connection; `_wait` gives it 2H/5 more
+                # to come back: a silent peer is noticed within about H, a closed connection within 2H/5.
+                sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(heartbeat * 1000 / 5)))
+                sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(heartbeat * 1000 * 2 / 5)))
+                sock.setsockopt(zmq.HEARTBEAT_TTL, max(100, int(heartbeat * 1000 * 2 / 5)))
+                # A connection that never completes its ZMTP handshake (libzmq's default allows 30 s) is
+                # dropped after 2H, so a silent stranger does not hold a socket's one place for long.
+                sock.setsockopt(zmq.HANDSHAKE_IVL, max(1000, int(heartbeat * 1000 * 2)))
+        self.gate = Gate(self._ctx, {"recv": (self._pull, f"{endpoint}"), "send": (self._push, "the paired port")},
+                         curve) if gated else None
+        # The connecting side's one connection, from its monitor: its peer is there once a ZMTP handshake has
+        # succeeded (a stopped process still completes TCP connects, and a key CURVE refuses completes none)
+        # and gone only after one has; a refusal by the binder's `Gate` is final.
+        self._monitor = self._pull.get_monitor_socket(_LINK_EVENTS) if heartbeat > 0 and not bind else None
+        self._joined = False
+        self._early_drops = 0  # connections closed before any handshake succeeded
+        self._refused: int | None = None
+        self._gone_since: float | None = None
+        self._holder: int | None = None  # the connection of the session's peer (a binder's `Gate` generation)
         # Frames above the limit make ZeroMQ drop the connection before we allocate them.
         self._pull.setsockopt(zmq.MAXMSGSIZE, limits.max_frame_bytes)
-        self._rcvtimeo = self._sndtimeo = None
         try:
             if bind:
                 self.endpoint = self._bind(endpoint)
@@ -84,7 +136,8 @@ class ZmqTransport(Transport):
                 self.endpoint = endpoint
         except (zmq.ZMQError, ValueError) as exc:
             self._close()
-            raise ValueError(f"cannot {'bind' if bind else 'connect'} {endpoint}: {exc}") from exc
+            self._closed = True
+            raise SettingsError(f"cannot {'bind' if bind else 'connect'} {endpoint}: {exc}") from exc
         if not name:
             self.peer = f"peer at {self.endpoint}"
 
@@ -105,38 +158,172 @@ class ZmqTransport(Transport):
         raise ValueError(f"found no free pair of adjacent ports on {tcp.host}")
 
     def _send_frames(self, frames: list[Any], timeout: float) -> None:
-        if timeout != self._sndtimeo:
-            self._push.setsockopt(zmq.SNDTIMEO, max(0, int(timeout * 1000)))
-            self._sndtimeo = timeout
         push, last = self._push, len(frames) - 1
-        try:
-            # Only the first part can block or time out: ZeroMQ queues the rest of a
-            # multipart message unconditionally, so this stays atomic. One send per
-            # frame skips send_multipart's per-frame type checks; small frames are
-            # copied (pyzmq would copy them anyway, after building a Frame object).
-            for i, frame in enumerate(frames):
-                push.send(frame, zmq.SNDMORE if i < last else 0, copy=frame_nbytes(frame) < _ZERO_COPY_BYTES)
-        except zmq.Again:
-            raise TransportTimeout(f"could not send to {self.peer} within {timeout:g} s (is it running?)") from None
+        # Only the first part can block: ZeroMQ queues the rest of a multipart message unconditionally, so
+        # this stays atomic. While there is no room, liveness is watched as in a receive (`_await_room`).
+        # One send per frame skips send_multipart's per-frame type checks; small frames are copied (pyzmq
+        # would copy them anyway, after building a Frame object).
+        deadline = None
+        while True:
+            try:
+                push.send(frames[0], (zmq.SNDMORE if last else 0) | zmq.NOBLOCK,
+                          copy=frame_nbytes(frames[0]) < _ZERO_COPY_BYTES)
+                break
+            except zmq.Again:
+                deadline = deadline or time.monotonic() + timeout
+                self._await_room(deadline, timeout)
+        for i in range(1, last + 1):
+            push.send(frames[i], zmq.SNDMORE if i < last else 0, copy=frame_nbytes(frames[i]) < _ZERO_COPY_BYTES)
 
     def _recv_frames(self, timeout: float) -> Sequence[Any]:
-        if timeout != self._rcvtimeo:
-            self._pull.setsockopt(zmq.RCVTIMEO, max(0, int(timeout * 1000)))
-            self._rcvtimeo = timeout
         pull = self._pull
         try:
-            frame = pull.recv(copy=False)
+            frame = pull.recv(zmq.NOBLOCK, copy=False)  # the common case: the message is here already
         except zmq.Again:
-            raise TransportTimeout(f"no message from {self.peer} within {timeout:g} s") from None
+            frame = self._wait(timeout)
         # The other parts are already here: ZeroMQ delivers a multipart message whole.
         # Frame.more instead of recv_multipart's getsockopt(RCVMORE) (~3 us a part);
         # memoryviews so decode never hits zmq.Frame's slow attribute hook.
         frames = [memoryview(frame)]
+        if not frame.more:
+            return frames
+        limit, total = self.limits.max_tensors + 1, len(frames[0])
         while frame.more:
             frame = pull.recv(copy=False)
             frames.append(memoryview(frame))
+            total += len(frames[-1])
+            if len(frames) > limit or total > self.limits.max_message_bytes:
+                return self._discard_rest(frame, len(frames), total)
         return frames
 
+    def _discard_rest(self, frame: Any, count: int, total: int) -> Sequence[Any]:
+        """Over the frame count or the message size: drop the message's remaining parts one by one, holding none."""
+        while frame.more:
+            frame = self._pull.recv(copy=False)
+            count += 1
+            total += len(frame.buffer)
+        del frame
+        raise ProtocolError(f"from {self.peer}: message of {count} frames and {total} bytes: expected at most "
+                            f"{self.limits.max_tensors + 1} frames and {self.limits.max_message_bytes} bytes; "
+                            "message dropped")
+
+    def _wait(self, timeout: float) -> Any:
+        """Block for the next message: give up after ``timeout``, once the peer's connection has been gone
+        for its grace (2/5 of ``heartbeat``), or when the binder refused us; say every `WAITING_LINE_EVERY`
+        seconds what we are waiting for."""
+        start = time.monotonic()
+        deadline = start + timeout
+        next_line = start + WAITING_LINE_EVERY
+        poller = self._poller(self._pull, zmq.POLLIN)
+        while True:
+            ready = dict(poller.poll(self._poll_ms(min(deadline, next_line))))
+            if self._monitor is not None and self._monitor in ready:
+                self._link_events()
+            if self._pull in ready:
+                try:
+                    return self._pull.recv(zmq.NOBLOCK, copy=False)
+                except zmq.Again:  # pragma: no cover - readable but empty: poll again
+                    pass
+            self._check_alive()
+            now = time.monotonic()
+            if now >= deadline:
+                hint = ""
+                if not self._joined and self._early_drops:
+                    hint = (f" ({self._early_drops} connection(s) closed before a handshake completed: a peer that "
+                            "is not the one expected, or with --curve a server key that is not the one pinned)")
+                raise TransportTimeout(f"no message from {self.peer} within {timeout:g} s{hint}")
+            if now >= next_line:
+                log.info("waiting for %s: %.0f s so far (giving up after %.0f s)", self.peer, now - start, timeout)
+                next_line = now + WAITING_LINE_EVERY
+
+    def _await_room(self, deadline: float, timeout: float) -> None:
+        """Block until the send queue has room; `PeerGone` as in `_wait`, `TransportTimeout` at ``deadline``."""
+        poller = self._poller(self._push, zmq.POLLOUT)
+        while True:
+            ready = dict(poller.poll(self._poll_ms(deadline)))
+            if self._monitor is not None and self._monitor in ready:
+                self._link_events()
+            if self._push in ready:
+                return
+            self._check_alive()
+            if time.monotonic() >= deadline:
+                raise TransportTimeout(f"could not send to {self.peer} within {timeout:g} s (is it running?)")
+
+    def _poller(self, sock: zmq.Socket, event: int) -> zmq.Poller:
+        poller = zmq.Poller()
+        poller.register(sock, event)
+        if self._monitor is not None:
+            poller.register(self._monitor, zmq.POLLIN)
+        return poller
+
+    def _poll_ms(self, until: float) -> int:
+        """How long one poll may block: to ``until``, but no longer than liveness needs to look again."""
+        now = time.monotonic()
+        wake = until
+        if self.gate is not None and self.heartbeat > 0:
+            wake = min(wake, now + _GATE_CHECK_EVERY)
+        if self._gone_since is not None:
+            wake = min(wake, self._gone_since + self._grace)
+        return max(0, int((wake - now) * 1000)) + 1
+
+    def _check_alive(self) -> None:
+        """`PeerGone` when the binder refused us, or when the peer's connection has been gone for the grace.
+        A binder watches its `Gate` only once a session exists (before it, a connection that comes and goes
+        is a stranger's) and counts a new holder of its socket as the old peer gone."""
+        if self._refused is not None:
+            raise PeerGone(self._refusal())
+        if self.gate is not None and self.heartbeat > 0:
+            if self.session is None:
+                self._gone_since = None
+            else:
+                if self._holder is None:
+                    self._holder = self.gate.holder("recv")
+                elif self.gate.holder("recv") not in (None, self._holder):
+                    raise PeerGone(f"{self.peer} is gone: another connection holds its place now (a restarted peer)")
+                self._gone_since = self.gate.vacated_since("recv")
+        if self._gone_since is not None and time.monotonic() >= self._gone_since + self._grace:
+            raise PeerGone(f"{self.peer} is gone: its connection closed (or went silent) and it did not come "
+                           f"back within {self._grace:g} s (--heartbeat {self.heartbeat:g})")
+
+    def new_session(self) -> None:
+        super().new_session()
+        self._gone_since = self._holder = None
+        if self.gate is not None:
+            self.gate.forget()  # the lost peer's vacancy is no longer news: wait for the next one
+
+    def _refusal(self) -> str:
+        why = {UNKNOWN_KEY: "it does not authorise this side's CURVE key (its key directory's authorized/ must "
+                            "hold our public key)",
+               BUSY: "it is serving another peer (one session at a time; if that was us before a restart, it "
+                     "notices within its --heartbeat; start both with --resume then)"}
+        return f"{self.peer} refused this connection: {why.get(self._refused, f'ZAP status {self._refused}')}"
+
+    def _link_events(self) -> None:
+        assert self._monitor is not None
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._joined = True
+                self._gone_since = None
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._refused = event["value"]
+            elif kind == zmq.EVENT_DISCONNECTED:
+                if not self._joined:
+                    self._early_drops += 1
+                elif self._gone_since is None:
+                    self._gone_since = time.monotonic()
+
     def _close(self) -> None:
+        if self.gate is not None:
+            self.gate.stop()
+        if self._monitor is not None:
+            self._pull.disable_monitor()
+            self._monitor.close()
         self._pull.close()
         self._push.close()
+        if self._own_ctx is not None:
+            self._own_ctx.term()

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -71,25 +72,50 @@ def test_the_twin_killed_mid_run_and_resumed_ends_bit_for_bit_where_it_would_hav
     assert len(checkpoint_iterations(run, "stage1")) == 2  # --keep-checkpoints 2 by default
 
 
+def _common(run):
+    return max(set(checkpoint_iterations(run, "stage0")) & set(checkpoint_iterations(run, "stage1")), default=0)
+
+
 @pytest.mark.parametrize("victim", ["stage0", "stage1"])
 def test_the_split_resumes_after_kill_9_of_either_stage(tmp_path, spawn, straight, victim):
+    """A killed stage0 rejoins the stage1 that waits for it (--rejoin); a killed stage1 is restarted with
+    its stage0. Either way nothing completed before the kill is lost, and the run ends bit for bit as
+    the uninterrupted one."""
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
     run = tmp_path / "run"
-    args = [*SIX, "--timeout", "3", "--start-timeout", "60"]
-    procs = {"stage1": spawn("stage1", "--bind", endpoint, "--run-dir", str(run), *args),
+    args = [*SIX, "--timeout", "3", "--start-timeout", "60", "--heartbeat", "1"]
+    procs = {"stage1": spawn("stage1", "--bind", endpoint, "--run-dir", str(run), *args, "--rejoin", "60"),
              "stage0": spawn("stage0", "--connect", endpoint, "--run-dir", str(run), *args)}
     _wait_for_checkpoint(run, 2, list(procs.values()))
+    done = _common(run)
     procs[victim].popen.send_signal(signal.SIGKILL)
-    survivor = procs["stage1" if victim == "stage0" else "stage0"]
-    code, out = survivor.finish(timeout=60)
-    assert code == 1, out  # it noticed, and said so
-    lost = 6 - max(set(checkpoint_iterations(run, "stage0")) & set(checkpoint_iterations(run, "stage1")))
-    assert lost >= 1
-    s1 = spawn("stage1", "--bind", endpoint, "--resume", str(run), *args)
+    if victim == "stage0":
+        procs["stage1"].wait_for("for stage0 to rejoin", timeout=60)  # it noticed, and waits
+        s1 = procs["stage1"]
+    else:
+        code, out = procs["stage0"].finish(timeout=60)
+        assert code == 1, out  # it noticed, and said so
+        s1 = spawn("stage1", "--bind", endpoint, "--resume", str(run), *args)
     s0 = spawn("stage0", "--connect", endpoint, "--resume", str(run), *args)
     code0, out0 = s0.finish(timeout=300)
     code1, out1 = s1.finish(timeout=30)
     assert code0 == 0 and code1 == 0, out0 + out1
+    resumed = int(re.search(r"resuming after iteration (\d+)", out0).group(1))
+    assert done <= resumed < 6  # at most the iteration in progress was lost
+    _same(_final(run), _final(straight))
+    assert _learning(run) == _learning(straight)
+
+
+def test_run_resumes_both_stages(tmp_path, spawn, straight):
+    run = tmp_path / "run"
+    proc = spawn("run", "--run-dir", str(run), *SIX)
+    _wait_for_checkpoint(run, 3, [proc])
+    proc.popen.send_signal(signal.SIGINT)  # the launcher stops both stages
+    proc.finish(timeout=60)
+    again = spawn("run", "--resume", str(run), *SIX)
+    code, out = again.finish(timeout=300)
+    assert code == 0, out
+    assert re.search(r"resuming after iteration [3-5]", out), out
     _same(_final(run), _final(straight))
     assert _learning(run) == _learning(straight)
 

@@ -10,7 +10,8 @@ import torch
 from splitrl.launch import free_port_pair
 from splitrl.runs import load_checkpoint
 from splitrl.schedule import pipelined, session
-from splitrl.schedule.pipelined import choose_groups
+from splitrl.schedule import pipelined
+from splitrl.schedule.pipelined import choose_groups, rollout_lag
 from splitrl.settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
 
 from ..conftest import TINY, child_env, splitrl_cmd
@@ -118,20 +119,33 @@ def test_asynchronous_with_no_staleness_computes_what_the_pipelined_schedule_doe
 
 
 def test_auto_groups_hide_the_round_trip_with_the_fewest_groups():
-    assert choose_groups(8, rtt=0.0002, step_seconds=0.005) == 2  # 1 + ceil(0.04) = 2
-    assert choose_groups(8, rtt=0.020, step_seconds=0.005) == 8  # 5 wanted: the next divisor up
-    assert choose_groups(6, rtt=0.012, step_seconds=0.005) == 6  # 4 wanted, 6 is the next divisor
+    # Worker envs (lag 1): K >= 2 + RTT / step.
+    assert choose_groups(8, rtt=0.020, step_seconds=0.005) == 8  # 6 wanted: the next divisor up
+    assert choose_groups(6, rtt=0.012, step_seconds=0.005) == 6  # 4.4 wanted, 6 is the next divisor
+    assert choose_groups(4, rtt=0.002, step_seconds=0.005) == 4  # 2.4 wanted
+    # In-process envs (lag 0, a group steps its envs one after another): K >= 1 + RTT / (N/K x step).
+    assert choose_groups(8, rtt=0.020, step_seconds=0.005, parallel=False) == 2  # 2 groups of 4: 20 ms a turn
+    assert choose_groups(8, rtt=0.030, step_seconds=0.005, parallel=False) == 4  # 4 groups of 2: 10 ms a turn
+    assert choose_groups(8, rtt=0.050, step_seconds=0.005, parallel=False) == 8  # 40 ms of steps cannot hide 50
     assert choose_groups(1, rtt=0.5, step_seconds=0.005) == 1  # one env: one group, whatever the link
     assert choose_groups(4, rtt=0.0, step_seconds=0.005) == 1  # no latency to hide
+    assert choose_groups(8, rtt=0.0002, step_seconds=0.005) == 1  # a round trip of 4 % of a step is not worth it
 
 
-def test_auto_groups_are_chosen_and_recorded(tmp_path):
+def test_rollout_lag_leaves_a_group_on_the_link():
+    assert [rollout_lag(k, "async") for k in (1, 2, 4)] == [0, 1, 1]
+    assert [rollout_lag(k, "sync") for k in (1, 2, 4)] == [0, 0, 0]
+
+
+def test_auto_groups_are_chosen_and_recorded(tmp_path, monkeypatch):
+    # An env step of a microsecond: the in-process link's round trip is then many steps, which two
+    # groups (all two envs allow) hide as well as they can.
+    monkeypatch.setattr(pipelined, "_env_step_seconds", lambda edge: 1e-6)
     settings = TrainSettings(total_steps=128, env=EnvSettings(num_envs=2, max_episode_steps=20),
                              ppo=PPOSettings(num_steps=32, epochs=1, minibatches=2),
                              schedule=ScheduleSettings(rollout_groups="auto"))
     _train_in_process(tmp_path / "auto", settings)
     rows = [json.loads(line) for line in (tmp_path / "auto" / "metrics.jsonl").read_text().splitlines()]
-    # Any round trip above zero needs a second group; two envs allow no more.
     assert rows[-1]["link/rtt_ms"] > 0 and rows[-1]["schedule/rollout_groups"] == 2
     assert rows[-1]["global_step"] == 128
 

@@ -404,3 +404,35 @@ def test_meters_count_the_frame_lengths(pair: tuple[TcpTransport, TcpTransport])
     assert (sent.bytes, sent.messages, sent.frames) == (expected, 1, len(tensors) + 1)
     assert (received.bytes, received.messages, received.frames) == (expected, 1, len(tensors) + 1)
     assert client.meter.total("sent") == server.meter.total("recv") == expected
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_an_announced_frame_costs_memory_only_as_its_bytes_arrive(server: TcpTransport, raw_peer: socket.socket) -> None:
+    # A hostile peer announces a 200 MiB tensor frame after a valid header and sends 16 KB of it.
+    header = b"\x85\xa1v\x01\xa1k\xa1x\xa1s\x00\xa1h\x80\xa1t\x91\x94\xa1a\xa5uint8\x91\xce\x0c\x80\x00\x00\x01"
+    before = _rss_mib()
+    raw_peer.sendall(struct.pack("<I", 2) + struct.pack("<Q", len(header)) + header
+                     + struct.pack("<Q", 200 * 1024 * 1024) + b"\x00" * 16384)
+    with pytest.raises(TransportTimeout):
+        server.recv(timeout=1.0)
+    grown = _rss_mib() - before
+    assert grown < 32, f"RSS grew {grown:.0f} MiB for 16 KB received"  # it was 200 MiB: the whole announced frame
+
+
+def test_a_frame_that_grows_as_it_arrives_is_received_whole(server: TcpTransport, raw_peer: socket.socket) -> None:
+    payload = bytes(random.Random(3).getrandbits(8) for _ in range(9 * 1024 * 1024 + 5))
+    tensors = {"t": torch.frombuffer(bytearray(payload), dtype=torch.uint8)}
+    from splitrl.transport.wire import encode
+
+    sender = threading.Thread(target=raw_peer.sendall, args=(framed(encode("x", 0, tensors=tensors)),), daemon=True)
+    sender.start()
+    msg = server.recv(timeout=30)
+    sender.join(10)
+    assert bytes(msg.tensors["t"].numpy()) == payload

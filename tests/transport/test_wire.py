@@ -246,11 +246,19 @@ def test_bool_is_one_byte_zero_or_one():
     assert bytes(frames[1]) == b"\x01\x00\x01"
 
 
-def test_special_float_values_survive_bitwise():
+def test_special_float_values_survive_bitwise_when_the_receiver_allows_them():
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         t = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-40], dtype=torch.float32).to(dtype)
-        out = roundtrip({"t": t}, copy_to_bytes=True).tensors["t"]
+        out = decode([bytes(f) for f in encode("x", 0, tensors={"t": t})], WireLimits(finite=False)).tensors["t"]
         assert bitwise_equal(out, t)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_values_are_a_protocol_error_naming_the_tensor(dtype, bad):
+    t = torch.tensor([0.0, 1e-40, bad, -0.0], dtype=torch.float32).to(dtype)
+    with pytest.raises(ProtocolError, match=r"tensor 'features': expected finite values, got 1 NaN or infinite of 4"):
+        decode([bytes(f) for f in encode("x", 0, tensors={"ok": torch.zeros(2, dtype=torch.int64), "features": t})])
 
 
 # -- encode errors -------------------------------------------------------------
@@ -656,3 +664,43 @@ def test_fuzz_limits_only_raise_protocol_error(message, limits):
         if msg.tensors:
             assert msg.nbytes <= limits.max_message_bytes
         assert limits.kinds is None or msg.kind in limits.kinds | {"hello", "abort"}
+
+
+def _raw_message(header: dict) -> list[bytes]:
+    """A message built from the documented layout only (msgpack map v/k/s/h/t), not splitrl's encoder."""
+    return [msgpack.packb({"v": 1, "k": "x", "s": 0, "h": header, "t": []})]
+
+
+@pytest.mark.parametrize("depth", [17, 1000, 5000])
+def test_deep_nesting_in_a_header_is_a_protocol_error(depth):
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    try:
+        frames = _raw_message({"deep": value})
+    except ValueError:  # msgpack's packer refuses very deep objects itself: build the bytes by hand
+        frames = [b"\x85\xa1v\x01\xa1k\xa1x\xa1s\x00\xa1t\x90\xa1h\x81\xa4deep" + b"\x91" * depth + b"\x01"]
+    with pytest.raises(ProtocolError, match="nested more than 16 deep|could not decode"):
+        decode(frames)
+
+
+def test_sixteen_levels_are_accepted():
+    value: object = 1
+    for _ in range(15):
+        value = [value]
+    assert decode(_raw_message({"ok": value})).header["ok"] == value
+
+
+def test_deep_values_in_fixed_header_fields_do_not_recurse_when_reported():
+    deep: object = 1
+    for _ in range(5000):
+        deep = [deep]
+    frames = [b"\x85\xa1v" + b"\x91" * 5000 + b"\x01\xa1k\xa1x\xa1s\x00\xa1t\x90\xa1h\x80"]
+    with pytest.raises(ProtocolError):
+        decode(frames)
+    for field in ("v", "s", "k"):
+        header = {"v": 1, "k": "x", "s": 0, "h": {}, "t": []}
+        header[field] = [[[[[[[[1]]]]]]]] * 3
+        with pytest.raises(ProtocolError) as info:
+            decode([msgpack.packb(header)])
+        assert len(str(info.value)) < 300

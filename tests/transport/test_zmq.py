@@ -12,12 +12,14 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import msgpack
 import pytest
 import torch
 import zmq
 
 from splitrl.transport import (
     PeerAbort,
+    PeerGone,
     ProtocolError,
     TransportClosed,
     TransportTimeout,
@@ -27,7 +29,8 @@ from splitrl.transport import (
     paired_endpoint,
 )
 from splitrl.transport.base import INVALID_KIND
-from splitrl.transport.handshake import HandshakeError, handshake, settings_hash
+from splitrl.transport.handshake import HandshakeError, answer_hello, handshake, settings_hash
+from splitrl.transport.gate import BUSY
 from splitrl.transport.wire import frame_nbytes
 
 T = 5.0
@@ -214,18 +217,38 @@ GARBAGE = [
 
 
 @pytest.mark.parametrize("frames", GARBAGE, ids=range(len(GARBAGE)))
-def test_garbage_is_a_protocol_error_and_the_receiver_keeps_working(pair, raw_push, frames):
-    binder, connector = pair
-    raw = raw_push(binder.endpoint)
+@pytest.mark.parametrize("kind", ["tcp", "ipc", "inproc"])
+def test_garbage_is_a_protocol_error_and_the_receiver_keeps_working(make, raw_push, tmp_path, kind, frames):
+    binder = make(_endpoint(kind, tmp_path), bind=True, name="stage0")
+    raw = raw_push(binder.endpoint)  # the binder's one peer, speaking the documented bytes
     raw.send_multipart(frames)
     with pytest.raises(ProtocolError, match="from stage0"):
         binder.recv(timeout=T)
     invalid = binder.meter.entry(INVALID_KIND, "recv")
     assert invalid.messages == 1 and invalid.bytes == sum(len(f) for f in frames)
-    # garbage consumes no sequence number: the real peer's seq 0 is accepted
-    connector.send("x", {"a": torch.ones(3)})
+    # garbage consumes no sequence number: the peer's seq 0 is accepted
+    raw.send_multipart(encode("x", 0, tensors={"a": torch.ones(3)}))
     msg = binder.recv(timeout=T)
     assert msg.seq == 0 and torch.equal(msg.tensors["a"], torch.ones(3))
+
+
+@pytest.mark.parametrize("kind", ["tcp", "ipc"])
+def test_a_second_peer_is_refused_and_told_while_the_session_goes_on(make, raw_push, tmp_path, kind):
+    binder = make(_endpoint(kind, tmp_path), bind=True, name="stage0", heartbeat=5)
+    first = make(binder.endpoint, bind=False, name="stage1", heartbeat=5)
+    first.send("x")
+    assert binder.recv(timeout=T).kind == "x"
+    second = make(binder.endpoint, bind=False, name="stage1", heartbeat=5)
+    second.send("x")
+    with pytest.raises(PeerGone, match="refused this connection: it is serving another peer"):
+        second.recv(timeout=T)
+    stray = raw_push(binder.endpoint)  # a bare socket's frames never arrive
+    stray.send_multipart([b"\x00"])
+    first.send("y", {"a": torch.ones(2)})
+    binder.send("z")
+    assert binder.recv(timeout=T).kind == "y" and first.recv(timeout=T).kind == "z"
+    assert binder.gate.refused[BUSY] >= 2  # both of second's sockets (and the stray one, by now or soon)
+    assert binder.meter.entry(INVALID_KIND, "recv").messages == 0
 
 
 def test_limits_apply_on_receive(make):
@@ -272,12 +295,13 @@ def test_sequence_numbers_count_per_direction(pair):
     assert connector.recv(timeout=T).seq == 0
 
 
-def test_gap_from_a_raw_socket(pair, raw_push):
-    binder, connector = pair
-    connector.send("x")
-    connector.send("x")
+@pytest.mark.parametrize("kind", ["tcp", "ipc", "inproc"])
+def test_gap_from_a_raw_socket(make, raw_push, tmp_path, kind):
+    binder = make(_endpoint(kind, tmp_path), bind=True, name="stage0")
+    raw = raw_push(binder.endpoint)  # the binder's one peer
+    for seq in range(2):
+        raw.send_multipart(encode("x", seq))
     assert [binder.recv(timeout=T).seq for _ in range(2)] == [0, 1]
-    raw = raw_push(binder.endpoint)
     raw.send_multipart(encode("x", 1 + 2, None, {"a": torch.zeros(1)}))  # seq 2 was "lost"
     with pytest.raises(ProtocolError) as exc:
         binder.recv(timeout=T)
@@ -450,6 +474,8 @@ def _both(binder, connector, binder_args, connector_args):
     """Run the two handshakes concurrently; return (result or exception) per side."""
     def run(transport, args):
         try:
+            if transport is binder:
+                return answer_hello(transport, *args, timeout=T)
             return handshake(transport, *args, timeout=T)
         except Exception as exc:  # returned, not raised, so both sides can be checked
             return exc
@@ -466,8 +492,9 @@ def test_handshake_success(pair):
     b, c = _both(binder, connector, ("stage1", "stage0", SETTINGS), ("stage0", "stage1", dict(SETTINGS)))
     assert b["role"] == "stage0" and c["role"] == "stage1"
     for hello in (b, c):
-        assert hello["proto"] == 1 and hello["settings"] == SETTINGS
-        assert hello["settings_hash"] == settings_hash(SETTINGS)
+        assert hello["proto"] == 1 and hello["settings_hash"] == settings_hash(SETTINGS)
+    assert b["settings"] == SETTINGS and "settings" not in c  # stage1 reveals its hash only
+    assert binder.session == connector.session and binder.session is not None
     # the hellos were seq 0; the application's messages follow from 1
     connector.send("obs")
     assert binder.recv(timeout=T).seq == 1
@@ -483,7 +510,8 @@ def test_handshake_mismatch_stops_both_sides_naming_the_settings(pair):
         text = str(err)
         assert "codec" in text and "seed" in text and "lr" not in text and "feature_dim" not in text
     assert "codec: stage1='bf16' stage0='int8'" in str(b)
-    assert "codec: stage0='int8' stage1='bf16'" in str(c)
+    assert "codec: stage0='int8'; seed: stage0=2; (stage1's values are in its log)" in str(c)
+    assert "bf16" not in str(c)
 
 
 def test_handshake_missing_setting_is_named(tcp_pair):
@@ -491,7 +519,7 @@ def test_handshake_missing_setting_is_named(tcp_pair):
     fewer = {k: v for k, v in SETTINGS.items() if k != "seed"}
     b, c = _both(binder, connector, ("stage1", "stage0", SETTINGS), ("stage0", "stage1", fewer))
     assert "seed: stage1=1 stage0='<unset>'" in str(b)
-    assert "seed: stage0='<unset>' stage1=1" in str(c)
+    assert "seed: stage0='<unset>'" in str(c) and "stage1=1" not in str(c)
 
 
 def test_handshake_wrong_role(tcp_pair):
@@ -509,14 +537,31 @@ def test_handshake_unexpected_role(tcp_pair):
     assert isinstance(c, dict)  # the learner is happy with its peer; its next recv will fail
 
 
-def test_handshake_rejects_a_non_hello_first_message(tcp_pair):
+def test_the_initiator_rejects_a_non_hello_answer(tcp_pair):
     binder, connector = tcp_pair
-    connector.send("obs")
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(connector.recv, T)
-        with pytest.raises(HandshakeError, match="expected a 'hello' message, got 'obs'"):
-            handshake(binder, "stage1", "stage0", SETTINGS, timeout=T)
-        assert future.result(timeout=T).kind == "hello"
+    binder.send("obs")
+    with pytest.raises(HandshakeError, match="expected a 'hello' message, got 'obs'"):
+        handshake(connector, "stage0", "stage1", SETTINGS, timeout=T)
+
+
+def test_the_responder_drops_what_comes_before_the_hello(tcp_pair):
+    binder, connector = tcp_pair
+    connector._send_frames(encode("obs", 0), T)  # a stranger's message, as far as the responder can tell
+    b, c = _both(binder, connector, ("stage1", "stage0", SETTINGS), ("stage0", "stage1", SETTINGS))
+    assert b["role"] == "stage0" and c["role"] == "stage1"
+    assert binder.strangers == 1 and binder.meter.entry("_stranger", "recv").messages == 1
+
+
+def test_messages_of_another_session_are_dropped_and_counted(tcp_pair):
+    binder, connector = tcp_pair
+    _both(binder, connector, ("stage1", "stage0", SETTINGS), ("stage0", "stage1", SETTINGS))
+    other = connector.session % (2**32 - 1) + 1
+    # another session's message, one of no session, and frames that do not decode: dropped, not fatal
+    for frames in (encode("obs", 1, sid=other), encode("obs", 1), [b"\xc1"]):
+        connector._send_frames(frames, T)
+    connector.send("obs", header={"n": 3})
+    assert binder.recv(timeout=T).header == {"n": 3}
+    assert binder.strangers == 3 and binder.meter.entry("_stranger", "recv").messages == 3
 
 
 def test_handshake_times_out_without_a_peer(make):
@@ -539,3 +584,14 @@ def test_settings_hash_is_canonical_json():
     assert settings_hash(example) == hashlib.sha256(canonical).hexdigest() == (
         "2112db70da3a6f402a9c29f75558b7a61f5c1b8ceb930cfa1df12943d697edeb"
     )
+
+
+def test_a_message_of_too_many_frames_is_dropped_part_by_part_and_the_link_goes_on(make, raw_push):
+    binder = make("tcp://127.0.0.1:0", bind=True, name="stage0")
+    sock = raw_push(binder.endpoint)  # the binder's one peer
+    head = msgpack.packb({"v": 1, "k": "x", "s": 0, "h": {}, "t": []})
+    sock.send_multipart([head] + [b"\x00" * 1024] * 100)  # 101 frames: over the 65 a message may have
+    with pytest.raises(ProtocolError, match="message of 101 frames and 102[0-9]+ bytes: expected at most 65 frames"):
+        binder.recv(timeout=T)
+    sock.send_multipart([head])
+    assert binder.recv(timeout=T).kind == "x"
