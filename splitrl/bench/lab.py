@@ -204,10 +204,10 @@ def app_bytes_from_metrics(run_dir: str | Path) -> dict[str, tuple[int, int]]:
     if not records:
         raise ValueError(f"{run_dir}/metrics.jsonl is empty")
     last = records[-1]
-    sent_messages = link_messages(last, "sent")
+    sent_messages = link_messages(last, "sent", everything=True)
     return {
-        "stage0": (link_bytes(last, "sent") + _close_bytes(sent_messages), sent_messages + 1),
-        "stage1": (link_bytes(last, "recv"), link_messages(last, "recv")),
+        "stage0": (link_bytes(last, "sent", everything=True) + _close_bytes(sent_messages), sent_messages + 1),
+        "stage1": (link_bytes(last, "recv", everything=True), link_messages(last, "recv", everything=True)),
     }
 
 

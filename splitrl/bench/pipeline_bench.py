@@ -25,11 +25,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..launch import supervise
+from ..launch import progress, supervise
 from ..netem.tc import Shaping
 from ..runs import measured_records, read_metrics, summarise_run
 
-__all__ = ["MODES", "run_pipeline_bench", "pipeline_table"]
+__all__ = ["MODES", "run_pipeline_bench", "pipeline_rows", "pipeline_table"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,22 @@ def _run_in_lab(args: Sequence[str], run_dir: Path, rtt_ms: float, rate: str, ec
                            f"stage0 exit {result.codes['stage0']}); logs beside {run_dir}")
 
 
+def _name(rtt: float, mode: str) -> str:
+    return f"{rtt:g}ms-{mode.lstrip('+ ').replace(' ', '-')}"
+
+
+def pipeline_rows(out_dir: str | Path, modes: Sequence[str] = tuple(MODES),
+                  rtts_ms: Sequence[float] = (0.0, 20.0)) -> list[dict[str, Any]]:
+    """The rows of the runs already in ``out_dir`` (those with metrics), in the order of the bench."""
+    rows = []
+    for rtt in rtts_ms:
+        for mode in modes:
+            run_dir = Path(out_dir) / _name(rtt, mode)
+            if (run_dir / "metrics.jsonl").is_file():
+                rows.append(_summary(mode, rtt, run_dir))
+    return rows
+
+
 def run_pipeline_bench(modes: Sequence[str] = tuple(MODES), rtts_ms: Sequence[float] = (0.0, 20.0),
                        iterations: int = 3, rate: str = "100mbit", extra_args: Sequence[str] = (),
                        out_dir: str | None = None, timeout: float = 7200.0,
@@ -110,14 +126,15 @@ def run_pipeline_bench(modes: Sequence[str] = tuple(MODES), rtts_ms: Sequence[fl
     rows = []
     for rtt in rtts_ms:
         for mode in modes:
-            name = f"{rtt:g}ms-{mode.lstrip('+ ').replace(' ', '-')}"
+            name = _name(rtt, mode)
             run_dir = base / name
             args = ["--total-steps", str(4096 * iterations), "--checkpoint-every", "0", *MODES[mode], *extra_args]
             echo(f"{name}: {' '.join(args)}")
-            if rtt:
-                _run_in_lab(args, run_dir, rtt, rate, echo)
-            else:
-                _run_loopback(args, run_dir, timeout)
+            with progress(run_dir, iterations, name):
+                if rtt:
+                    _run_in_lab(args, run_dir, rtt, rate, echo)
+                else:
+                    _run_loopback(args, run_dir, timeout)
             rows.append(_summary(mode, rtt, run_dir))
             echo(f"  {rows[-1]['seconds_per_iteration']:.1f} s/iteration")
     return rows

@@ -88,7 +88,7 @@ class Victim:
         self.stop()
 
 
-def _head(seq: int, tensors: int = 0, size: int = MIB, kind: str = "x") -> bytes:
+def _head(seq: int, tensors: int = 0, size: int = MIB, kind: str = "step") -> bytes:
     """A header frame (section 2) announcing ``tensors`` uint8 tensors of ``size`` bytes each."""
     return msgpack.packb({"v": 1, "k": kind, "s": seq, "h": {},
                           "t": [[f"t{i}", "uint8", [size], i + 1] for i in range(tensors)]})
@@ -137,7 +137,7 @@ def zmq_refused_connections(intruders: int = 32, messages: int = 8) -> dict[str,
             holder = _push(ctx, victim.endpoint)
             holder.send_multipart([_head(0)])
             first = victim.line()  # the holder's connection is admitted, and the victim waits for more
-            if first["what"] != "x":
+            if first["what"] != "step":
                 raise RuntimeError(f"the holder's first message did not arrive: {first['what']}")
             blob = bytes(MIB)
             offered = 0
