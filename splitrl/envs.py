@@ -10,12 +10,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from .settings import EnvSettings, SettingsError
+from .settings import VECTOR_MODES, EnvSettings, SettingsError
 
 __all__ = ["EnvSpec", "Replayable", "StepInTwo", "VECTOR_MODES", "make_single_env", "make_vector_env", "to_env_action",
            "inspect_env", "to_chw", "vector_env_state", "restore_vector_env"]
-
-VECTOR_MODES = ("sync", "async")
 
 
 @dataclass(frozen=True)
@@ -25,8 +23,21 @@ class EnvSpec:
     obs_shape: tuple[int, ...]
     """(C, H, W) after `to_chw`."""
     action_dim: int
+    """The actor's outputs: a Box's dimensions, or a Discrete space's number of actions."""
     action_low: tuple[float, ...]
+    """A Box's lower bounds; for a Discrete space (its first action,)."""
     action_high: tuple[float, ...]
+    """A Box's upper bounds; for a Discrete space (its last action,)."""
+    discrete: bool = False
+    """Whether the action space is Discrete (a categorical policy; the default keeps older run configs valid)."""
+
+    def env_action(self, action: np.ndarray, mode: str) -> np.ndarray:
+        """What the envs are given for the actions stage1 sent (`ActorCriticHeads.wire_action`): a Discrete
+        space's int64 actions from indices 0 .. action_dim - 1 (B,), shifted by its start; a Box's float32
+        actions from [-1, 1] (B, A), mapped by `to_env_action` as ``mode`` says."""
+        if self.discrete:
+            return np.asarray(action, dtype=np.int64) + int(self.action_low[0])
+        return to_env_action(action, np.asarray(self.action_low), np.asarray(self.action_high), mode)
 
 
 class Replayable(gym.Wrapper):
@@ -81,7 +92,7 @@ def make_single_env(settings: EnvSettings, render_mode: str | None = None) -> gy
     kwargs: dict[str, Any] = {"max_episode_steps": settings.max_episode_steps} if settings.max_episode_steps else {}
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
-    env = gym.make(settings.env_id, **kwargs)
+    env = gym.make(settings.env_id, **settings.kwargs(), **kwargs)
     if settings.frame_skip > 1:
         env = gym.wrappers.MaxAndSkipObservation(env, skip=settings.frame_skip)
     if settings.grayscale:
@@ -245,9 +256,14 @@ def inspect_env(settings: EnvSettings) -> EnvSpec:
         obs_space, act_space = env.observation_space, env.action_space
     finally:
         env.close()
-    if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
-        raise SettingsError(f"--env-id {settings.env_id!r}: expected a 1-d Box action space, got {act_space}")
-    if not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
+    discrete = isinstance(act_space, gym.spaces.Discrete)
+    if not discrete and (not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1):
+        raise SettingsError(f"--env-id {settings.env_id!r}: expected a Discrete or a 1-d Box action space, "
+                            f"got {act_space}")
+    if discrete and act_space.n < 2:
+        raise SettingsError(f"--env-id {settings.env_id!r}: a Discrete action space needs 2 or more actions, "
+                            f"got {act_space}")
+    if not discrete and not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
         raise SettingsError(f"--env-id {settings.env_id!r}: the action space must be bounded, got {act_space}")
     if not isinstance(obs_space, gym.spaces.Box) or obs_space.dtype != np.uint8 or len(obs_space.shape) < 2:
         raise SettingsError(
@@ -256,8 +272,13 @@ def inspect_env(settings: EnvSettings) -> EnvSpec:
         )
     sample = np.zeros((1,) + obs_space.shape, dtype=np.uint8)
     chw = to_chw(sample, stacked=settings.frame_stack > 1).shape[1:]
+    obs_shape = tuple(int(d) for d in chw)
+    if discrete:
+        start, n = int(act_space.start), int(act_space.n)
+        return EnvSpec(obs_shape=obs_shape, action_dim=n, action_low=(float(start),),
+                       action_high=(float(start + n - 1),), discrete=True)
     return EnvSpec(
-        obs_shape=tuple(int(d) for d in chw),
+        obs_shape=obs_shape,
         action_dim=int(act_space.shape[0]),
         action_low=tuple(float(x) for x in act_space.low),
         action_high=tuple(float(x) for x in act_space.high),

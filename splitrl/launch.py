@@ -14,8 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 __all__ = [
     "STOP_GRACE_S",
@@ -25,6 +26,7 @@ __all__ = [
     "stop_processes",
     "supervise",
     "launch_split",
+    "progress",
 ]
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,36 @@ def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
 def free_port_pair(host: str = "127.0.0.1") -> int:
     """A port P such that P and P+1 were free a moment ago (a ZeroMQ link binds both)."""
     return free_port(host, count=2)
+
+
+# -- progress ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def progress(run_dir: str | os.PathLike, iterations: int, desc: str) -> Iterator[None]:
+    """A progress bar (tqdm, on stderr; off when stderr is not a terminal) of a run that another process
+    makes: its metrics.jsonl is polled for finished iterations while the body runs."""
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    metrics = Path(run_dir) / "metrics.jsonl"
+    bar = tqdm(total=iterations, desc=desc, unit="iter", disable=None, leave=True)
+    done = threading.Event()
+
+    def follow() -> None:
+        while not done.wait(2.0):
+            seen = metrics.read_text().count("\n") if metrics.exists() else 0
+            bar.update(max(0, min(seen, iterations) - bar.n))
+
+    thread = threading.Thread(target=follow, name="progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=5)
+        bar.close()
 
 
 # -- supervision -----------------------------------------------------------------------

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from .ppo import TanhGaussian, clamp_log_std
+from .ppo import Categorical, TanhGaussian, clamp_log_std
 
 __all__ = ["ScaleObs", "ActorCriticHeads", "build_agent", "layer_init"]
 
@@ -47,35 +47,51 @@ def _encoder_layers(in_channels: int) -> list[nn.Module]:
 class ActorCriticHeads(nn.Module):
     """Stage1's network: an optional trunk (the layers after the cut), actor and critic.
 
-    The actor is a tanh-squashed Gaussian with a state-independent log-std
-    clamped to [-5, 2]; actions are handled pre-tanh (see `TanhGaussian`).
+    Box actions: the actor is a tanh-squashed Gaussian with a state-independent
+    log-std clamped to [-5, 2]; actions are handled pre-tanh (see `TanhGaussian`).
+    Discrete actions (``discrete``): the actor's last layer gives ``action_dim``
+    logits of a `Categorical` (CleanRL's ``ppo_atari.py``: std 0.01 init) and there
+    is no log-std. Either way ``actor_mean`` names the actor and `outputs` returns
+    its (B, action_dim) output, so the replica exchange and the checkpoints see the
+    same layout; an action is a pre-tanh ``u`` (B, A) float32 or an index (B,) int64.
     """
 
-    def __init__(self, trunk: nn.Module, feature_dim: int, action_dim: int, hidden: int = 512, init_log_std: float = 0.0) -> None:
+    def __init__(self, trunk: nn.Module, feature_dim: int, action_dim: int, hidden: int = 512,
+                 init_log_std: float = 0.0, discrete: bool = False) -> None:
         super().__init__()
         self.trunk = trunk
+        self.discrete = discrete
         self.critic = nn.Sequential(
             layer_init(nn.Linear(feature_dim, hidden)), nn.Tanh(), layer_init(nn.Linear(hidden, 1), std=1.0)
         )
         self.actor_mean = nn.Sequential(
             layer_init(nn.Linear(feature_dim, hidden)), nn.Tanh(), layer_init(nn.Linear(hidden, action_dim), std=0.01)
         )
-        self.actor_logstd = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
+        if not discrete:
+            self.actor_logstd = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(self.trunk(x)).squeeze(-1)
 
     def outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Everything the loss takes from the features: (actor mean (B, A), value (B,))."""
+        """Everything the loss takes from the features: (actor output (B, A): mean or logits, value (B,))."""
         hidden = self.trunk(x)
         return self.actor_mean(hidden), self.critic(hidden).squeeze(-1)
+
+    def distribution(self, mean: torch.Tensor) -> TanhGaussian | Categorical:
+        """The policy given the actor's output ``mean`` (`outputs`)."""
+        if self.discrete:
+            return Categorical(mean)
+        return TanhGaussian(mean, clamp_log_std(self.actor_logstd))
 
     def evaluate(
         self, mean: torch.Tensor, value: torch.Tensor, action: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(pre-tanh action u, log-prob, entropy, value) from `outputs`; samples u when ``action`` is None."""
-        dist = TanhGaussian(mean, clamp_log_std(self.actor_logstd))
+        """(action, log-prob, entropy, value) from `outputs`; samples the action when ``action`` is None.
+
+        The action is the pre-tanh u (B, A) for Box actions, the index (B,) for discrete ones."""
+        dist = self.distribution(mean)
         if action is None:
             action = dist.sample(generator)
         return action, dist.log_prob(action), dist.entropy(), value
@@ -83,15 +99,27 @@ class ActorCriticHeads(nn.Module):
     def get_action_and_value(
         self, x: torch.Tensor, action: torch.Tensor | None = None, generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """CleanRL's call: (pre-tanh action u, log-prob, entropy, value) for features ``x``."""
+        """CleanRL's call: (action, log-prob, entropy, value) for features ``x`` (see `evaluate`)."""
         return self.evaluate(*self.outputs(x), action, generator)
+
+    def greedy_action(self, mean: torch.Tensor) -> torch.Tensor:
+        """The action a deterministic evaluation takes: the pre-tanh mean, or the most likely index."""
+        return Categorical(mean).mode() if self.discrete else mean
+
+    def wire_action(self, action: torch.Tensor) -> torch.Tensor:
+        """What stage0 is sent for ``action``: tanh(u) in [-1, 1] (B, A) float32 for Box actions (stage0 maps
+        it onto the Box), the index itself (B,) int64 for discrete ones."""
+        return action.long() if self.discrete else torch.tanh(action)
 
 
 def build_agent(
-    obs_shape: tuple[int, ...], action_dim: int, cut: str, seed: int, init_log_std: float = 0.0
+    obs_shape: tuple[int, ...], action_dim: int, cut: str, seed: int, init_log_std: float = 0.0,
+    discrete: bool = False,
 ) -> tuple[nn.Sequential, ActorCriticHeads]:
     """(stage0 module, stage1 heads) for the cut 'cnn' or 'input', initialised from ``seed``.
 
+    ``discrete``: the heads' actor gives ``action_dim`` logits (a Discrete action space
+    of that many actions) instead of a Gaussian's mean (`ActorCriticHeads`).
     The global RNG is left as it was, so building one stage in a process that also
     runs the other changes nothing.
     """
@@ -101,5 +129,6 @@ def build_agent(
         with torch.no_grad():
             feature_dim = nn.Sequential(*layers)(torch.zeros((1,) + tuple(obs_shape), dtype=torch.uint8)).shape[1]
         at = {"cnn": len(layers), "input": 0}[cut]
-        heads = ActorCriticHeads(nn.Sequential(*layers[at:]), feature_dim, action_dim, init_log_std=init_log_std)
+        heads = ActorCriticHeads(nn.Sequential(*layers[at:]), feature_dim, action_dim, init_log_std=init_log_std,
+                                 discrete=discrete)
     return nn.Sequential(*layers[:at]), heads

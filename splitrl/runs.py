@@ -38,6 +38,9 @@ __all__ = [
     "run_settings",
     "link_bytes",
     "link_messages",
+    "NOT_TRAINING_KINDS",
+    "metric_scalars",
+    "summary_writer",
     "iteration_bytes",
     "iteration_messages",
     "measured_records",
@@ -56,6 +59,24 @@ def _clean(value: Any) -> Any:
     return value
 
 
+TENSORBOARD_HINT = "install it with the report extra: pip install -c constraints.txt -e '.[report]' (make does)"
+
+
+def summary_writer(log_dir: str | Path) -> Any:
+    """PyTorch's TensorBoard `SummaryWriter` on ``log_dir``; ImportError saying how to install it."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ImportError(f"--tensorboard needs the tensorboard package: {TENSORBOARD_HINT}") from None
+    return SummaryWriter(log_dir=str(log_dir))
+
+
+def metric_scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
+    """A metrics record's numbers as TensorBoard scalars: every ``section/name`` key holding an int or float."""
+    return [(k, v) for k, v in record.items()
+            if "/" in k and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+
+
 class CheckpointError(OSError):
     """A checkpoint could not be written (the path and the reason are in the message); the older ones are intact."""
 
@@ -70,10 +91,15 @@ class RunLog:
     the newest. ``keep`` newest checkpoints per stage are kept (0: all).
     """
 
-    def __init__(self, run_dir: str | Path, keep: int = 0) -> None:
+    def __init__(self, run_dir: str | Path, keep: int = 0, tensorboard: bool = False) -> None:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.keep = keep
+        self.board: Any = None
+        """With ``tensorboard``, a `SummaryWriter` on ``tensorboard/`` in the run directory that gets every
+        metrics record as it is written (and is flushed then, so TensorBoard shows a run while it trains)."""
+        if tensorboard:
+            self.board = summary_writer(self.dir / "tensorboard")
 
     def write_config(self, config: dict[str, Any], name: str = "config.json") -> None:
         (self.dir / name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -84,6 +110,15 @@ class RunLog:
 
     def metrics(self, record: dict[str, Any]) -> None:
         self._append("metrics.jsonl", record)
+        if self.board is not None:
+            for key, value in metric_scalars(record):
+                self.board.add_scalar(key, value, record["global_step"])
+            self.board.flush()
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
+            self.board = None
 
     def episode(self, record: dict[str, Any]) -> None:
         self._append("episodes.jsonl", record)
@@ -213,32 +248,39 @@ def run_settings(run_dir: str | Path) -> dict[str, Any]:
     return {}
 
 
-def _meter_sum(record: dict[str, Any], prefix: str, direction: str | None, what: str) -> int:
+NOT_TRAINING_KINDS = frozenset({"eval_heads"})
+"""Message kinds that are not training's: evaluation during training. Their bytes are metered under their
+own names and left out of the training figures unless asked for (``everything=True``)."""
+
+
+def _meter_sum(record: dict[str, Any], prefix: str, direction: str | None, what: str, everything: bool) -> int:
     suffix = f"/{direction}_{what}" if direction else f"_{what}"
-    return sum(v for k, v in record.items() if k.startswith(prefix) and k.endswith(suffix))
+    return sum(v for k, v in record.items() if k.startswith(prefix) and k.endswith(suffix)
+               and (everything or k[len(prefix):].partition("/")[0] not in NOT_TRAINING_KINDS))
 
 
-def link_bytes(record: dict[str, Any], direction: str | None = None) -> int:
-    """Bytes on the link up to this record: stage0's meters see what it sent and received.
+def link_bytes(record: dict[str, Any], direction: str | None = None, *, everything: bool = False) -> int:
+    """Training's bytes on the link up to this record: stage0's meters see what it sent and received.
 
-    ``direction``: ``"sent"`` or ``"recv"`` (as stage0 sees it); None: both.
+    ``direction``: ``"sent"`` or ``"recv"`` (as stage0 sees it); None: both. ``everything``: evaluation's
+    bytes too (`NOT_TRAINING_KINDS`), as the kernel counts them.
     """
-    return _meter_sum(record, "net_total/", direction, "bytes")
+    return _meter_sum(record, "net_total/", direction, "bytes", everything)
 
 
-def link_messages(record: dict[str, Any], direction: str | None = None) -> int:
-    """Messages on the link up to this record (``direction`` as in `link_bytes`)."""
-    return _meter_sum(record, "net_total/", direction, "messages")
+def link_messages(record: dict[str, Any], direction: str | None = None, *, everything: bool = False) -> int:
+    """Messages on the link up to this record (``direction`` and ``everything`` as in `link_bytes`)."""
+    return _meter_sum(record, "net_total/", direction, "messages", everything)
 
 
 def iteration_bytes(record: dict[str, Any]) -> int:
-    """Bytes on the link during this record's iteration, both directions."""
-    return _meter_sum(record, "net/", None, "bytes")
+    """Training's bytes on the link during this record's iteration, both directions."""
+    return _meter_sum(record, "net/", None, "bytes", False)
 
 
 def iteration_messages(record: dict[str, Any], direction: str | None = None) -> int:
-    """Messages on the link during this record's iteration (``direction`` as in `link_bytes`)."""
-    return _meter_sum(record, "net/", direction, "messages")
+    """Training's messages on the link during this record's iteration (``direction`` as in `link_bytes`)."""
+    return _meter_sum(record, "net/", direction, "messages", False)
 
 
 def measured_records(records: Sequence[dict[str, Any]], skip_first: bool = True,

@@ -7,6 +7,7 @@ field's ``help`` is written once, here.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -15,13 +16,21 @@ from typing import Any
 from .errors import SettingsError
 
 __all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "Exchange", "EXCHANGES", "ScheduleSettings", "SCHEDULES",
-           "option_name", "SettingsError", "TrainSettings", "RunOptions", "ACTION_MAPS", "CUTS", "TRANSPORTS", "doc"]
+           "option_name", "SettingsError", "TrainSettings", "RunOptions", "ACTION_MAPS", "CUTS", "TRANSPORTS",
+           "CODEC_NAMES", "CODEC_STREAMS", "VECTOR_MODES", "doc"]
 
 TRANSPORTS = ("zmq", "tcp", "torch-rpc")
 CUTS = ("cnn", "input")
 ACTION_MAPS = ("clip", "affine")
 CODEC_NAMES = ("fp32", "bf16", "fp16", "int8", "relu", "delta", "paper", "ef", "frames")
 """The codecs of `splitrl.codecs.CODECS`, named here so --help needs no torch import."""
+CODEC_STREAMS = {
+    "rollout": ("fp32", "bf16", "fp16", "int8", "relu", "frames"),
+    "fwd": ("fp32", "bf16", "fp16", "int8", "relu", "delta"),
+    "bwd": ("fp32", "bf16", "fp16", "int8", "paper", "ef"),
+}
+"""Which codecs each stream accepts (each codec's ``streams``), for --help; a test keeps it in step."""
+VECTOR_MODES = ("sync", "async")
 """Where the network is split: after the CNN (the paper's pipeline) or before its
 first layer (the paper's "cloud setup": raw observations cross the link)."""
 
@@ -47,9 +56,19 @@ def _argv(settings: Any) -> list[str]:
     return args
 
 
-def doc(default: Any, help: str, option: str | None = None) -> Any:
-    """A dataclass field with a default and a one-line help text (and its option's name if not the field's)."""
-    return field(default=default, metadata={"help": help} if option is None else {"help": help, "option": option})
+def doc(default: Any, help: str, option: str | None = None, *, choices: tuple[str, ...] | None = None,
+        link: bool = False) -> Any:
+    """A dataclass field with a default and a one-line help text; its option's name if not the field's, the
+    values it may take (``choices``), and ``link``: an option of the link between two processes, which the
+    single-process twin does not take."""
+    meta: dict[str, Any] = {"help": help}
+    if option is not None:
+        meta["option"] = option
+    if choices is not None:
+        meta["choices"] = choices
+    if link:
+        meta["link"] = True
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -67,10 +86,30 @@ class EnvSettings:
         "clip",
         "policy output a in [-1, 1] to the env's Box: 'clip' scales by the largest |bound| and clips "
         "(a = 0 is action 0, e.g. no gas and no brake), 'affine' maps [-1, 1] onto [low, high]",
+        choices=ACTION_MAPS,
     )
+    env_kwargs: str = doc("", "keyword arguments for gym.make, 'key=value,key=value' (numbers, True/False and None "
+                              "as in Python, anything else a string), e.g. 'lap_complete_percent=0.9'")
+
+    def kwargs(self) -> dict[str, Any]:
+        """``env_kwargs`` as the dict gym.make takes; SettingsError naming a malformed item."""
+        out: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in self.env_kwargs.split(","))):
+            key, eq, raw = (part.strip() for part in item.partition("="))
+            if not eq or not key.isidentifier():
+                raise SettingsError(f"--env-kwargs {self.env_kwargs!r}: {item!r} is not key=value")
+            try:
+                out[key] = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                out[key] = raw
+        return out
 
     def errors(self) -> list[str]:
         out = []
+        try:
+            self.kwargs()
+        except SettingsError as exc:
+            out.append(str(exc))
         for name in ("num_envs", "frame_stack", "frame_skip"):
             if getattr(self, name) < 1:
                 out.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -104,6 +143,13 @@ class PPOSettings:
     norm_reward: bool = doc(True, "divide rewards by a running std of the discounted return (gymnasium NormalizeReward)")
     reward_clip: float = doc(10.0, "clip normalised rewards to [-N, N] (0: no clipping)")
     init_log_std: float = doc(-0.5, "initial value of the policy's state-independent log-std (pre-tanh)")
+    anneal_lr: bool = doc(False, "anneal both learning rates linearly to 0 over the run (CleanRL's --anneal-lr)")
+    target_kl: float = doc(0.0, "end an iteration's epochs early once the approximate KL of an epoch's last "
+                                "minibatch exceeds this (CleanRL's --target-kl; 0: never)")
+
+    def lr_fraction(self, iteration: int, num_iterations: int) -> float:
+        """The share of each learning rate used in ``iteration`` (1-based): 1, or CleanRL's linear annealing."""
+        return 1.0 - (iteration - 1.0) / num_iterations if self.anneal_lr else 1.0
 
     def errors(self, num_envs: int) -> list[str]:
         out = []
@@ -124,6 +170,8 @@ class PPOSettings:
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 out.append(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        if not (self.target_kl >= 0 and math.isfinite(self.target_kl)):
+            out.append(f"--target-kl must be >= 0 (0: off), got {self.target_kl}")
         return out
 
 
@@ -303,7 +351,8 @@ class TrainSettings:
 
     seed: int = doc(1, "seed of the environments, the initial weights, action sampling and minibatch order")
     total_steps: int = doc(409_600, "environment steps to train for (the paper: 100 iterations of 4096)")
-    cut: str = doc("cnn", "where the network is split: 'cnn' (after the encoder) or 'input' (cloud setup)")
+    cut: str = doc("cnn", "where the network is split: 'cnn' (after the encoder) or 'input' (cloud setup)",
+                   choices=CUTS)
     env: EnvSettings = field(default_factory=EnvSettings)
     ppo: PPOSettings = field(default_factory=PPOSettings)
     codecs: CodecSettings = field(default_factory=CodecSettings)
@@ -330,6 +379,10 @@ class TrainSettings:
                 f"--total-steps {self.total_steps} is less than one iteration "
                 f"(num_steps x num_envs = {self.steps_per_iteration})"
             )
+        elif not out and self.total_steps % self.steps_per_iteration:
+            size, below = self.steps_per_iteration, self.num_iterations * self.steps_per_iteration
+            out.append(f"--total-steps {self.total_steps} is not a whole number of iterations of {size} steps "
+                       f"(num_steps x num_envs): use {below} or {below + size}")
         return out
 
     def validate(self, options: "RunOptions | None" = None) -> "TrainSettings":
@@ -393,17 +446,26 @@ class RunOptions:
                                    "continues from")
     threads: int = doc(0, "torch intra-op threads (0: torch's default)")
     vector: str = doc("sync", "how stage0 steps its environments: 'sync' in its own process, 'async' in one "
-                              "worker process each (gymnasium AsyncVectorEnv), so encoding and the link overlap them")
+                              "worker process each (gymnasium AsyncVectorEnv), so encoding and the link overlap them",
+                      choices=VECTOR_MODES)
     transport: str = doc("zmq", "the link: 'zmq' (ZeroMQ PUSH/PULL), 'tcp' (plain sockets, same frames), or 'torch-rpc' "
-                          "(PyTorch RPC, the paper's link; loopback benchmarks only); both sides alike")
+                          "(PyTorch RPC, the paper's link; loopback benchmarks only); both sides alike",
+                         choices=TRANSPORTS, link=True)
     curve: str = doc("", "key directory (`splitrl keys DIR`): the link is encrypted with ZeroMQ CURVE, stage1 accepts "
-                         "only the edge keys in DIR/authorized, stage0 only the server key DIR/stage1.key")
+                         "only the edge keys in DIR/authorized, stage0 only the server key DIR/stage1.key", link=True)
     insecure: bool = doc(False, "allow a link beyond this machine without --curve: anyone who reaches the ports can "
-                                "drive the learner or read the traffic")
+                                "drive the learner or read the traffic", link=True)
     heartbeat: float = doc(5.0, "seconds after which a peer whose connection closed or went silent counts as dead "
-                                "(ZeroMQ heartbeats, TCP keepalive; 0: only --timeout)")
+                                "(ZeroMQ heartbeats, TCP keepalive; 0: only --timeout)", link=True)
     rejoin: float = doc(0.0, "stage1: when stage0 is lost mid-run, wait this many seconds for a restarted stage0 "
-                             "(`--resume`) to continue from the newest checkpoint both hold (0: exit at once)")
+                             "(`--resume`) to continue from the newest checkpoint both hold (0: exit at once)",
+                        link=True)
+    eval_every: int = doc(0, "stage0: score the policy every N iterations (and after the last) on --eval-episodes "
+                             "held-out episodes, as `splitrl eval` does; eval/return_mean and eval/return_std in "
+                             "metrics.jsonl (0: never)")
+    eval_episodes: int = doc(5, "episodes of each evaluation during training")
+    tensorboard: bool = doc(False, "stage0: also write every metric to TensorBoard event files in the run directory "
+                                   "as each iteration ends (both stages' keys)")
 
     def errors(self) -> list[str]:
         out = []
@@ -434,8 +496,12 @@ class RunOptions:
             out.append("--rejoin continues from a checkpoint: it needs --checkpoint-every >= 1")
         if self.rejoin and not self.heartbeat:
             out.append("--rejoin needs --heartbeat > 0: that is how a lost stage0 is noticed")
-        if self.vector not in ("sync", "async"):
-            out.append(f"--vector must be one of sync, async, got {self.vector!r}")
+        if self.vector not in VECTOR_MODES:
+            out.append(f"--vector must be one of {', '.join(VECTOR_MODES)}, got {self.vector!r}")
+        if self.eval_every < 0:
+            out.append(f"--eval-every must be >= 0, got {self.eval_every}")
+        if self.eval_episodes < 1:
+            out.append(f"--eval-episodes must be >= 1, got {self.eval_episodes}")
         return out
 
     def to_argv(self) -> list[str]:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from ..launch import progress
 from ..runs import summarise_run
 
 __all__ = ["CONFIGS", "run_learning_comparison", "learning_table"]
@@ -74,7 +75,8 @@ def run_learning_comparison(names: Sequence[str], total_steps: int, out_dir: Pat
         run_dir = out_dir / name
         command = [sys.executable, "-m", "splitrl", "run", "--total-steps", str(total_steps),
                    "--run-dir", str(run_dir), *CONFIGS[name], *extra_args]
-        result = subprocess.run(command, timeout=timeout)
+        with progress(run_dir, total_steps // 4096, name):
+            result = subprocess.run(command, timeout=timeout)
         if result.returncode != 0:
             raise RuntimeError(f"{name}: `{' '.join(command)}` exited {result.returncode}")
         dirs.append(run_dir)

@@ -13,11 +13,13 @@ the import of each happens only when it is needed, with a clear error if missing
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..runs import link_bytes, read_metrics, run_settings, summarise_run
+from ..errors import SettingsError
+from ..runs import link_bytes, metric_scalars, read_metrics, run_settings, summarise_run, summary_writer
 
 __all__ = ["RunSeries", "load_run", "pyplot", "return_figure", "bytes_figure", "report_table", "write_tensorboard",
            "make_report", "curve_table"]
@@ -50,6 +52,8 @@ class RunSeries:
     """Env steps of full-precision gradients before a codec's accumulation starts (None: no warm start)."""
     summary: dict[str, Any]
     records: list[dict[str, Any]]
+    evaluation: dict[str, Any] | None = None
+    """The last line of the run's eval.jsonl (`splitrl eval`), if it has one."""
 
 
 def _warm_start(settings: dict[str, Any]) -> int | None:
@@ -84,7 +88,21 @@ def load_run(run_dir: str | Path) -> RunSeries:
         warm_start=_warm_start(settings),
         summary=summary,
         records=records,
+        evaluation=_last_eval(run_dir),
     )
+
+
+def _last_eval(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "eval.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return json.loads(lines[-1]) if lines else None
+
+
+def _eval_cell(evaluation: dict[str, Any] | None) -> str:
+    if evaluation is None:
+        return "n/a"
+    return (f"{evaluation['return_mean']:.1f} ± {evaluation['return_std']:.1f} ({evaluation['episodes']} episodes, "
+            f"iteration {evaluation.get('iteration', '?')})")
 
 
 def return_figure(runs: Sequence[RunSeries], path: str | Path) -> Path:
@@ -130,10 +148,11 @@ def report_table(runs: Sequence[RunSeries]) -> str:
     """Markdown: final numbers per run; the ratio is the first run's bytes per env step over each run's
     (per step, so runs of different lengths compare fairly; for equal lengths it is the total's ratio)."""
     first = runs[0].summary["bytes_per_step"]
+    evals = any(run.evaluation is not None for run in runs)  # the column only where `splitrl eval` ran
     lines = [
         f"| run | codecs (rollout / fwd / bwd) | iterations | env steps | total bytes | bytes per env step "
-        f"| x fewer than {runs[0].name} | final EMA return | steps/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| x fewer than {runs[0].name} | final EMA return | steps/s |" + (" held-out eval return |" if evals else ""),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---|" if evals else ""),
     ]
     for run in runs:
         s = run.summary
@@ -141,30 +160,26 @@ def report_table(runs: Sequence[RunSeries]) -> str:
         ema = "n/a" if s["final_ema"] is None else f"{s['final_ema']:.1f}"
         sps = f"{s['steps'] / s['wall_seconds']:.1f}" if s["wall_seconds"] else "n/a"
         lines.append(f"| {run.name} | `{s['codecs']}` | {s['iterations']} | {s['steps']:,} | {s['total_bytes']:,} "
-                     f"| {s['bytes_per_step']:,.0f} | {ratio} | {ema} | {sps} |")
+                     f"| {s['bytes_per_step']:,.0f} | {ratio} | {ema} | {sps} |"
+                     + (f" {_eval_cell(run.evaluation)} |" if evals else ""))
     return "\n".join(lines)
 
 
 def write_tensorboard(runs: Sequence[RunSeries], out_dir: str | Path) -> list[Path]:
     """One event-file directory per run: every numeric metric, and the link's cumulative bytes, by env step."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise ImportError(f"--tensorboard needs the tensorboard package: {_EXTRA_HINT}") from None
     dirs = []
     for run in runs:
         log_dir = Path(out_dir) / run.name
         for old in log_dir.glob("events.out.tfevents.*"):  # a new report replaces, rather than adds to, the old
             old.unlink()
-        writer = SummaryWriter(log_dir=str(log_dir))
+        writer = summary_writer(log_dir)
         try:
             writer.add_text("settings", run.label)
             for record, cumulative in zip(run.records, run.cumulative_bytes):
                 step = record["global_step"]
                 writer.add_scalar("net/link_bytes_cumulative", cumulative, step)
-                for key, value in record.items():
-                    if "/" in key and isinstance(value, (int, float)) and not isinstance(value, bool):
-                        writer.add_scalar(key, value, step)
+                for key, value in metric_scalars(record):
+                    writer.add_scalar(key, value, step)
         finally:
             writer.close()
         dirs.append(log_dir)
@@ -174,11 +189,11 @@ def write_tensorboard(runs: Sequence[RunSeries], out_dir: str | Path) -> list[Pa
 def make_report(run_dirs: Sequence[str | Path], out_dir: str | Path, tensorboard: bool = False) -> dict[str, Any]:
     """Write return.png, bytes.png and report.md (and tensorboard/) into ``out_dir``; returns their paths."""
     if not run_dirs:
-        raise ValueError("give at least one run directory")
+        raise SettingsError("give at least one run directory")
     runs = [load_run(d) for d in run_dirs]
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
-        raise ValueError(f"run directories must have distinct names (they label the lines): {names}")
+        raise SettingsError(f"run directories must have distinct names (they label the lines): {names}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Any] = {

@@ -2,7 +2,7 @@
 
 ``main`` is the group; the commands live in one module per area and are attached
 here: `train` (stage0, stage1, train, run, curve), `bench` (``splitrl bench ...``),
-`netem` (``splitrl netem ...``, ``splitrl lab``) and `tools` (codecs, report).
+`netem` (``splitrl netem ...``, ``splitrl lab``) and `tools` (codecs, report, keys), `evaluate` (eval).
 Their options come from the settings dataclasses (`options`); how they end on an
 error is `errors`. Every command imports torch lazily, so ``--help`` and
 ``splitrl netem`` start quickly.
@@ -18,6 +18,7 @@ import click
 
 from .bench import bench
 from .errors import run_cli
+from .evaluate import eval_cmd
 from .netem import lab, netem
 from .options import training_options
 from .tools import codecs_cmd, keys, report
@@ -47,6 +48,7 @@ def _setup_logging(verbose: bool) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="splitrl", prog_name="splitrl", message="%(prog)s %(version)s")
 @click.option("-v", "--verbose", is_flag=True, help="debug logging")
 def main(verbose: bool) -> None:
     """splitrl: PPO split across a slow link, with every byte counted."""
@@ -54,5 +56,5 @@ def main(verbose: bool) -> None:
     _install_signal_handlers()
 
 
-for _command in (stage0, stage1, train, run, curve, codecs_cmd, bench, report, keys, netem, lab):
+for _command in (stage0, stage1, train, run, curve, eval_cmd, codecs_cmd, bench, report, keys, netem, lab):
     main.add_command(_command)

@@ -156,25 +156,53 @@ def bench_e2e(iterations: int, repeats: int, out_dir: str | None, json_path: str
               help="paper iterations per run (the first and, with three or more, the last are left out of the "
                    "figures: start-up, and the asynchronous mode's rollout or training alone)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="keep the run directories here")
+@click.option("--table-only", is_flag=True, help="only print the table of the runs already in --out (all modes and "
+                                                  "round trips found there)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
-def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: str | None, json_path: str | None,
-                   extra: tuple[str, ...]) -> None:
+def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: str | None, table_only: bool,
+                   json_path: str | None, extra: tuple[str, ...]) -> None:
     """The paper configuration under each schedule, side by side, at each round trip.
 
     Columns: s/iteration, steps/s, each stage's busy fraction (CPU s / wall s), link wait,
     MB per iteration, staleness. EXTRA arguments (after --) go to every run, e.g. -- --threads 1.
     """
-    from ..bench.pipeline_bench import pipeline_table, run_pipeline_bench
+    from ..bench.pipeline_bench import MODES, pipeline_rows, pipeline_table, run_pipeline_bench
 
     def go() -> list:
         rtt_list = [float(x) for x in rtts.split(",") if x.strip()]
         mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+        if table_only:
+            if not out_dir:
+                raise SettingsError("--table-only reads the runs in --out: give --out")
+            return pipeline_rows(out_dir, list(MODES), sorted({0.0, 20.0, *rtt_list}))
         return run_pipeline_bench(mode_list, rtt_list, iterations=iterations, rate=rate, extra_args=extra,
                                   out_dir=out_dir, echo=lambda line: click.echo(line, err=True))
 
     rows = run_cli(go)
     click.echo(pipeline_table(rows))
+    _write_json(json_path, rows)
+
+
+@bench.command("vector")
+@click.option("--envs", default="1,4,8", show_default=True, help="comma-separated env counts")
+@click.option("--samples", default=512, show_default=True, help="env steps timed per configuration (all envs)")
+@click.option("--env-id", default="CarRacing-v3", show_default=True)
+@click.option("--threads", default=2, show_default=True, help="torch intra-op threads of the one process")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
+def bench_vector(envs: str, samples: int, env_id: str, threads: int, json_path: str | None) -> None:
+    """Rollout samples/s of the paper network with --vector sync and --vector async, per env count."""
+    from ..bench.vector_bench import run_vector_bench, vector_table
+
+    def go() -> list:
+        counts = [int(x) for x in envs.split(",") if x.strip()]
+        if not counts or min(counts) < 1:
+            raise SettingsError(f"--envs: comma-separated counts >= 1, got {envs!r}")
+        return run_vector_bench(counts, samples, env_id, threads, progress=lambda row: click.echo(
+            f"{row['num_envs']} envs, {row['vector']}: {row['samples_per_s']:.1f} samples/s", err=True))
+
+    rows = run_cli(go)
+    click.echo(vector_table(rows))
     _write_json(json_path, rows)
 
 

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import click
 
 from ..runs import default_run_dir
-from ..settings import (CODEC_NAMES, CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings,
+from ..settings import (CODEC_STREAMS, CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings,
                         TrainSettings, option_name)
 
 __all__ = ["training_options", "stage_argv"]
@@ -24,33 +24,42 @@ _SECTIONS: tuple[tuple[str | None, type], ...] = (
 def _help(f: dataclasses.Field) -> str:
     text = f.metadata["help"]
     if f.name.startswith("codec_"):
-        text += f"; one of {', '.join(CODEC_NAMES)}, optionally NAME:key=value,... and +zstd (details: splitrl codecs)"
+        stream = f.name.removeprefix("codec_")
+        text += (f"; one of {', '.join(CODEC_STREAMS[stream])}, optionally NAME:key=value,... and +zstd "
+                 "(details: splitrl codecs)")
     return text
 
 
-def _click_options(cls: type) -> list[Callable]:
+def _click_options(cls: type, link: bool = True) -> list[Callable]:
+    """One option per documented field (``link=False``: not the link's, which the twin does not take)."""
     out = []
     for f in dataclasses.fields(cls):
-        if "help" not in f.metadata:
+        if "help" not in f.metadata or (f.metadata.get("link") and not link):
             continue  # nested sections get their own options
         name = option_name(f)
         if f.type in (bool, "bool"):
             decl = f"{name}/--no-{name[2:]}"
             out.append(click.option(decl, f.name, default=f.default, show_default=True, help=_help(f)))
         else:
-            kind = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
+            kind: Any = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
+            if "choices" in f.metadata:
+                kind = click.Choice(f.metadata["choices"])
             out.append(click.option(name, f.name, type=kind, default=f.default, show_default=True, help=_help(f)))
     return out
 
 
-def training_options(func: Callable) -> Callable:
-    """Add one click option per settings field, and pass built settings objects instead."""
-    options = [opt for _, cls in _SECTIONS for opt in _click_options(cls)] + _click_options(RunOptions)
+def training_options(func: Callable | None = None, *, link: bool = True) -> Callable:
+    """Add one click option per settings field, and pass built settings objects instead. ``link=False``
+    leaves out the options of the link between two processes (`splitrl train`, the twin, has none)."""
+    if func is None:
+        return functools.partial(training_options, link=link)
+    options = [opt for _, cls in _SECTIONS for opt in _click_options(cls)] + _click_options(RunOptions, link)
 
     @functools.wraps(func)
     def wrapper(**kwargs: Any) -> Any:
         def take(cls: type) -> Any:
-            return cls(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(cls) if "help" in f.metadata})
+            return cls(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(cls)
+                          if "help" in f.metadata and f.name in kwargs})
 
         env, ppo, codecs, schedule = take(EnvSettings), take(PPOSettings), take(CodecSettings), take(ScheduleSettings)
         top = {f.name: kwargs.pop(f.name) for f in dataclasses.fields(TrainSettings) if "help" in f.metadata}

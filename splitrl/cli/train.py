@@ -37,7 +37,7 @@ def stage1(settings: TrainSettings, options: RunOptions, bind: str) -> None:
 
 
 @click.command()
-@training_options
+@training_options(link=False)
 def train(settings: TrainSettings, options: RunOptions) -> None:
     """Both stages in one process over an in-process link (the single-process twin)."""
     from ..schedule import train_twin

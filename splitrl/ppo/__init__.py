@@ -1,18 +1,20 @@
-"""Pure PPO maths for a tanh-squashed Gaussian policy (no I/O, no envs)."""
+"""Pure PPO maths for a tanh-squashed Gaussian or a categorical policy (no I/O, no envs)."""
 
 from .buffer import RolloutBuffer, minibatch_schedule, shuffled_minibatches
-from .distributions import LOG_STD_MAX, LOG_STD_MIN, TanhGaussian, clamp_log_std
+from .distributions import LOG_STD_MAX, LOG_STD_MIN, Categorical, TanhGaussian, clamp_log_std
 from .gae import compute_gae
-from .losses import explained_variance, ppo_loss
+from .losses import anneal, explained_variance, ppo_loss
 
 __all__ = [
     "compute_gae",
     "TanhGaussian",
+    "Categorical",
     "LOG_STD_MIN",
     "LOG_STD_MAX",
     "clamp_log_std",
     "ppo_loss",
     "explained_variance",
+    "anneal",
     "RolloutBuffer",
     "minibatch_schedule",
     "shuffled_minibatches",

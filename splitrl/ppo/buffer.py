@@ -12,16 +12,18 @@ __all__ = ["RolloutBuffer", "shuffled_minibatches", "minibatch_schedule"]
 class RolloutBuffer:
     """Per-step tensors shaped (num_steps, num_envs, ...), float32.
 
-    ``actions`` are pre-tanh ``u`` so log-probs can be recomputed without atanh.
+    ``actions`` are pre-tanh ``u`` (..., action_dim) so log-probs can be recomputed
+    without atanh; with ``discrete`` they are action indices, int64 (num_steps, num_envs).
     After ``finish`` the ``b_*`` attributes are step-major flat views
     (index = t * num_envs + n), matching ``obs.reshape(-1, ...)``. ``envs`` (a slice,
     default all) lets env groups that step in turn write their own columns.
     """
 
-    def __init__(self, num_steps: int, num_envs: int, action_dim: int) -> None:
+    def __init__(self, num_steps: int, num_envs: int, action_dim: int, discrete: bool = False) -> None:
         self.num_steps, self.num_envs, self.action_dim = num_steps, num_envs, action_dim
         shape = (num_steps, num_envs)
-        self.actions = torch.zeros(shape + (action_dim,))
+        self.action_shape = () if discrete else (action_dim,)
+        self.actions = torch.zeros(shape + self.action_shape, dtype=torch.int64 if discrete else torch.float32)
         self.logprobs = torch.zeros(shape)
         self.values = torch.zeros(shape)
         self.rewards = torch.zeros(shape)
@@ -44,7 +46,7 @@ class RolloutBuffer:
     def add(self, step: int, *, actions, logprobs, values, envs: slice = slice(None)) -> None:
         """Record what the policy produced at step ``step``."""
         n = self._width(envs)
-        self.actions[step, envs] = torch.as_tensor(actions, dtype=torch.float32).detach()
+        self.actions[step, envs] = torch.as_tensor(actions, dtype=self.actions.dtype).detach()
         self.logprobs[step, envs] = self._vec(logprobs, n)
         self.values[step, envs] = self._vec(values, n)
 
@@ -79,7 +81,7 @@ class RolloutBuffer:
             self.rewards, self.values, self.terminated, self.truncated,
             self.final_values, self._vec(last_value, self.num_envs), gamma, gae_lambda, weights,
         )
-        self.b_actions = self.actions.reshape(-1, self.action_dim)
+        self.b_actions = self.actions.reshape((-1,) + self.action_shape)
         self.b_logprobs = self.logprobs.reshape(-1)
         self.b_values = self.values.reshape(-1)
         self.b_advantages = self.advantages.reshape(-1)

@@ -1,4 +1,4 @@
-"""Tanh-squashed diagonal Gaussian policy distribution."""
+"""Policy distributions: a tanh-squashed diagonal Gaussian (Box actions) and a categorical (Discrete)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LOG_STD_MIN", "LOG_STD_MAX", "clamp_log_std", "TanhGaussian"]
+__all__ = ["LOG_STD_MIN", "LOG_STD_MAX", "clamp_log_std", "TanhGaussian", "Categorical"]
 
 LOG_STD_MIN = -5.0
 LOG_STD_MAX = 2.0
@@ -60,3 +60,36 @@ class TanhGaussian:
         usual proxy. Only matters if ent_coef != 0 (default 0).
         """
         return (0.5 + _HALF_LOG_2PI + self.log_std).sum(-1)
+
+
+class Categorical:
+    """a ~ Categorical(softmax(logits)), one draw per row: CleanRL's ``ppo_atari.py`` policy.
+
+    Written out rather than wrapping `torch.distributions.Categorical` because sampling
+    must take a `torch.Generator`: the learner's seeded generator is what keeps a split
+    run and its twin drawing the same actions. Log-probs and entropy are computed as
+    torch's are (normalised logits; entropy with logits clamped to the dtype's min so
+    that a probability of 0 adds 0, not NaN).
+    """
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        """``logits`` is (B, K), unnormalised."""
+        self.logits = logits - logits.logsumexp(-1, keepdim=True)
+        self.probs = torch.softmax(logits, -1)
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Draw action indices, (B,) int64 (integers carry no gradient: PPO treats actions as data)."""
+        return torch.multinomial(self.probs, 1, generator=generator).squeeze(-1)
+
+    def log_prob(self, action: torch.Tensor) -> torch.Tensor:
+        """log pi(a), (B,), for integer actions ``action`` (B,)."""
+        return self.logits.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+
+    def entropy(self) -> torch.Tensor:
+        """-sum p log p, (B,)."""
+        logits = self.logits.clamp(min=torch.finfo(self.logits.dtype).min)
+        return -(logits * self.probs).sum(-1)
+
+    def mode(self) -> torch.Tensor:
+        """The most likely action of each row, (B,) int64."""
+        return self.logits.argmax(-1)

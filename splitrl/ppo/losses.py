@@ -75,3 +75,9 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
     if var_y == 0:
         return float("nan")
     return float(1.0 - (returns - values).var(correction=0) / var_y)
+
+
+def anneal(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set every parameter group's learning rate to ``lr`` (CleanRL's ``--anneal-lr`` sets it each iteration)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 
 from ..runs import RunLog
 from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
+from ..stages.evaluate import Evaluation
 from ..transport import ProtocolError, Transport
 from ..transport.errors import peer_repr
 from ..transport.channels import Channels
@@ -38,7 +39,8 @@ from .pipelined import agree_on_groups, learn_groups, stage0_rollout, stage0_tra
 
 __all__ = ["stage0_loop", "stage1_loop", "STAGE0_ROUTES", "STAGE1_ROUTES"]
 
-STAGE0_ROUTES = {"action": "rollout", "train_bwd": "train", "heads": "train", "progress": "train", "iter_stats": "train"}
+STAGE0_ROUTES = {"action": "rollout", "train_bwd": "train", "heads": "train", "progress": "train", "iter_stats": "train",
+                 "eval_heads": "train"}
 """What stage0 receives, by channel."""
 STAGE1_ROUTES = {"step": "rollout", "rollout_end": "rollout", "train_fwd": "train", "iter_end": "train",
                  "close": "train"}
@@ -110,7 +112,8 @@ def _alongside(name: str, rollout: Callable[[], None], progress: _Progress, chan
             raise RuntimeError(f"the {name} thread did not stop")
 
 
-def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoint_every: int = 10) -> list[dict[str, Any]]:
+def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoint_every: int = 10,
+                evaluation: Evaluation | None = None) -> list[dict[str, Any]]:
     """stage0: the rollout thread collects ahead of training within the staleness bound; returns the records."""
     s = edge.settings
     measured = agree_on_groups(edge, link)
@@ -151,7 +154,7 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
                 publish(iteration)
             checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
             rollout = rollouts.pop(iteration)
-            stats = stage0_finish(edge, exchange, train_link, clock, iteration, checkpoint, rollout)
+            stats = stage0_finish(edge, exchange, train_link, clock, iteration, checkpoint, rollout, evaluation)
             if not edge.trains:  # stage1 trained alone, and said so with its statistics
                 publish(iteration)
             metrics.end(iteration, clock, stats, rollout)

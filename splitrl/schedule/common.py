@@ -11,11 +11,12 @@ import torch
 
 from ..runs import RunLog
 from ..stages import STAGE0, STAGE1, Edge, EdgeExchange, Learner, LearnerExchange
+from ..stages.evaluate import Evaluation
 from ..transport import Message, ProtocolError, Transport
 from ..transport.errors import peer_repr
 
-__all__ = ["PhaseClock", "expect", "iteration_stats", "IterationLog", "checkpoint_due", "stage0_finish",
-           "stage1_finish"]
+__all__ = ["PhaseClock", "expect", "stops", "iteration_stats", "IterationLog", "checkpoint_due", "stage0_finish",
+           "stage1_finish", "progress_line"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,17 @@ def expect(link: Transport, kind: str, **header: Any) -> Message:
     return msg
 
 
+def stops(reply: Message, last: bool) -> bool:
+    """Whether stage1's ``train_bwd`` ``reply`` ends the epochs (``stop``: `Learner.stop_early`); only the
+    epoch's last one may say so."""
+    stop = reply.header.get("stop", False)
+    if stop is not False and not (stop is True and last):
+        raise ProtocolError(f"{reply.kind}: header 'stop': expected true on an epoch's last minibatch only, got "
+                            f"{peer_repr(stop)} (epoch {peer_repr(reply.header.get('epoch'))}, minibatch "
+                            f"{peer_repr(reply.header.get('mb'))})")
+    return stop
+
+
 def iteration_stats(link: Transport) -> dict[str, Any]:
     """After ``iter_end``: stage1's ``iter_stats`` header (``progress`` messages while it trains alone come first)."""
     while True:
@@ -71,11 +83,18 @@ def iteration_stats(link: Transport) -> dict[str, Any]:
 
 
 def stage0_finish(edge: Edge, exchange: EdgeExchange, link: Transport, clock: PhaseClock, iteration: int,
-                  checkpoint: bool, rollout: dict[str, Any]) -> dict[str, Any]:
-    """``iter_end`` -> stage1's statistics; stage0's checkpoint (with the end of ``rollout``, `Edge.rollout_summary`)."""
+                  checkpoint: bool, rollout: dict[str, Any], evaluation: Evaluation | None = None) -> dict[str, Any]:
+    """``iter_end`` -> stage1's statistics; the evaluation if one is due (stage1's heads, ``eval_heads``, scored
+    here with the encoder); stage0's checkpoint (with the end of ``rollout``, `Edge.rollout_summary`)."""
+    evaluating = evaluation is not None and evaluation.due(iteration)
     with clock("link"):
-        link.send("iter_end", header={"iteration": iteration, "checkpoint": checkpoint})
+        link.send("iter_end", header={"iteration": iteration, "checkpoint": checkpoint, "eval": evaluating})
         stats = iteration_stats(link)
+    if evaluating:
+        assert evaluation is not None
+        with clock("eval"):
+            heads = expect(link, "eval_heads", iteration=iteration)
+            stats.update(evaluation.run(edge.net, dict(heads.tensors)))
     if checkpoint and edge.run_log is not None:
         state = {**edge.state_dict(rollout), "exchange": exchange.state_dict(), "meter": link.meter.snapshot()}
         edge.run_log.checkpoint(STAGE0, iteration, state)
@@ -90,14 +109,19 @@ def stage1_finish(learner: Learner, exchange: LearnerExchange, link: Transport, 
     if learner.trains_alone:
         for epoch, minibatches in enumerate(schedule):
             with busy("heads"):
-                learner.train_alone(minibatches)
+                stop = learner.train_alone(minibatches)
             link.send("progress", header={"epoch": epoch})
+            if stop:  # the KL passed --target-kl
+                break
     stats = learner.iteration_stats()
     stats["time/heads"] = busy.seconds["heads"]
     if msg.header.get("checkpoint") and run_log is not None:
         run_log.checkpoint(STAGE1, iteration, {**learner.state_dict(rollout), "exchange": exchange.state_dict()})
     stats["cpu/stage1"] = time.process_time() - cpu_start
     link.send("iter_stats", header=stats)
+    if msg.header.get("eval") is True:  # stage0 scores the policy: it needs the heads
+        link.send("eval_heads", {name: p.detach() for name, p in learner.heads.state_dict().items()},
+                  {"iteration": iteration})
 
 
 def checkpoint_due(iteration: int, last: int, every: int) -> bool:
@@ -128,6 +152,7 @@ class IterationLog:
         `Edge.rollout_summary` as taken when its rollout ended (default: now)."""
         edge, s = self.edge, self.edge.settings
         wall = time.perf_counter() - self.iter_start
+        scoring = clock.seconds.get("eval", 0.0)  # evaluation's episodes are not training's steps
         rollout = rollout or edge.rollout_summary()
         returns = rollout["returns"]
         record: dict[str, Any] = {
@@ -136,11 +161,11 @@ class IterationLog:
             "charts/episodic_return": sum(returns) / len(returns) if returns else None,
             "charts/episodic_return_ema": rollout["ema_return"],
             "charts/episodes": len(returns),
-            "charts/SPS": s.steps_per_iteration / wall,
+            "charts/SPS": s.steps_per_iteration / (wall - scoring),
             "time/iteration": wall,
             "time/total": time.perf_counter() - self.run_start,
         }
-        record.update({k: v for k, v in stats.items() if k.startswith(("losses/", "cpu/", "async/"))})
+        record.update({k: v for k, v in stats.items() if k.startswith(("losses/", "cpu/", "async/", "eval/"))})
         record.update(self.extra)
         # CPU seconds of this process in the iteration (in the twin, both stages share it).
         record["cpu/stage0"] = time.process_time() - self.cpu_start
@@ -149,6 +174,8 @@ class IterationLog:
             record[f"time/{phase}"] = clock.seconds.get(phase, 0.0)
         record["time/heads"] = heads
         record["time/codec"] = clock.seconds.get("codec", 0.0)
+        if scoring:
+            record["time/eval"] = scoring
         # Time inside send/recv is stage1's compute plus the link; the stage1 report splits it.
         record["time/link_wait"] = max(0.0, clock.seconds.get("link", 0.0) - heads)
         net_now = self.link.meter.snapshot()
@@ -159,11 +186,26 @@ class IterationLog:
         self.records.append(record)
         if edge.run_log is not None:
             edge.run_log.metrics(record)
-        ret = record["charts/episodic_return_ema"]
-        log.info(
-            "[stage0] iter %d/%d  step %d  %.0f steps/s  return(ema) %s  sent %.1f MB  recv %.1f MB",
-            iteration, s.num_iterations, record["global_step"], record["charts/SPS"],
-            "n/a" if ret is None else f"{ret:.1f}", self.link.meter.total("sent") / 1e6,
-            self.link.meter.total("recv") / 1e6,
-        )
+        log.info("[stage0] %s", progress_line(record, s.num_iterations, len(self.records)))
         return record
+
+
+def progress_line(record: dict[str, Any], iterations: int, done_here: int) -> str:
+    """One iteration at a glance: where the run is, how fast, its return and losses, the link's bytes, and
+    when it ends (the mean iteration time of this process's ``done_here`` iterations, times those left)."""
+    ret, it = record["charts/episodic_return_ema"], record["iteration"]
+    losses = " ".join(f"{short} {record[key]:.3g}" for short, key in (("pg", "losses/policy_loss"),
+                      ("v", "losses/value_loss"), ("kl", "losses/approx_kl")) if record.get(key) is not None)
+    sent = sum(v for k, v in record.items() if k.startswith("net_total/") and k.endswith("/sent_bytes"))
+    recv = sum(v for k, v in record.items() if k.startswith("net_total/") and k.endswith("/recv_bytes"))
+    left = (iterations - it) * record["time/total"] / max(done_here, 1)
+    evaluated = "" if "eval/return_mean" not in record else f"  eval {record['eval/return_mean']:.1f}"
+    return (f"iter {it}/{iterations}  step {record['global_step']}  {record['charts/SPS']:.0f} steps/s  "
+            f"return(ema) {'n/a' if ret is None else f'{ret:.1f}'}{evaluated}  {losses}  "
+            f"sent {sent / 1e6:.1f} MB  recv {recv / 1e6:.1f} MB  ETA {_duration(left)}")
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min" if minutes else \
+        f"{seconds:.0f} s"

@@ -43,9 +43,10 @@ import torch
 from ..envs import make_single_env
 from ..runs import RunLog
 from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
+from ..stages.evaluate import Evaluation
 from ..transport import ProtocolError, Transport
 from ..transport.errors import peer_repr
-from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish
+from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish, stops
 
 __all__ = ["stage0_loop", "stage1_loop", "agree_on_groups", "learn_groups", "stage0_rollout", "stage1_rollout",
            "stage0_train", "stage1_train", "choose_groups", "rollout_lag", "PINGS"]
@@ -226,9 +227,11 @@ def stage0_train(edge: Edge, exchange: EdgeExchange, link: Transport, clock: Pha
                 with clock("link"):
                     link.send("train_fwd", tensors, {**header, "epoch": epoch, "mb": mb, "j": j})
                 sent.append(out)
+            stop = False
             for j, out in enumerate(sent):
                 with clock("link"):
                     reply = expect(link, "train_bwd", epoch=epoch, mb=mb, j=j)
+                stop = stops(reply, mb == len(minibatches) - 1 and j == len(sent) - 1)
                 with clock("codec"):
                     grad = exchange.grad(out, reply)
                 with clock("encoder"):
@@ -242,6 +245,8 @@ def stage0_train(edge: Edge, exchange: EdgeExchange, link: Transport, clock: Pha
                 with clock("codec"):
                     exchange.apply_update(update, {"iteration": edge.train_iteration, "epoch": epoch, "mb": mb},
                                           names)
+        if stop:  # stage1 saw the KL pass --target-kl
+            break
 
 
 def stage1_train(learner: Learner, exchange: LearnerExchange, link: Transport, busy: PhaseClock,
@@ -250,22 +255,28 @@ def stage1_train(learner: Learner, exchange: LearnerExchange, link: Transport, b
     micro = learner.settings.schedule.microbatches
     for epoch, minibatches in enumerate(schedule):
         for mb, idx in enumerate(minibatches):
-            for j, part in enumerate(idx.chunk(micro)):
+            parts = idx.chunk(micro)
+            for j, part in enumerate(parts):
                 msg = expect(link, "train_fwd", epoch=epoch, mb=mb, j=j)
                 with busy("heads"):
                     tensors, header = exchange.learn(msg, part, idx if micro > 1 else None)
-                link.send("train_bwd", tensors, {**header, "epoch": epoch, "mb": mb, "j": j})
+                stop = mb == len(minibatches) - 1 and j == len(parts) - 1 and learner.stop_early(len(parts))
+                link.send("train_bwd", tensors, {**header, "epoch": epoch, "mb": mb, "j": j,
+                                                 **({"stop": True} if stop else {})})
             with busy("heads"):
                 learner.optimizer_step()
                 update = exchange.update(epoch, mb)
             if update is not None:
                 link.send("heads", *update)
+        if stop:
+            break
 
 
 # -- the loops -----------------------------------------------------------------------------
 
 
-def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoint_every: int = 10) -> list[dict[str, Any]]:
+def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoint_every: int = 10,
+                evaluation: Evaluation | None = None) -> list[dict[str, Any]]:
     """Every iteration from stage0's side, rollout then training, each pipelined; returns the metrics records."""
     s = edge.settings
     measured = agree_on_groups(edge, link)
@@ -285,7 +296,7 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
         if edge.trains:
             stage0_train(edge, exchange, link, clock, schedule)
         checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
-        stats = stage0_finish(edge, exchange, link, clock, iteration, checkpoint, rollout)
+        stats = stage0_finish(edge, exchange, link, clock, iteration, checkpoint, rollout, evaluation)
         metrics.end(iteration, clock, stats, rollout)
     return metrics.records
 

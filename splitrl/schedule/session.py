@@ -26,6 +26,7 @@ from ..envs import EnvSpec, inspect_env
 from ..runs import RunLog, check_fresh, checkpoint_iterations, default_run_dir, load_checkpoint, truncate_logs
 from ..settings import RunOptions, SettingsError, TrainSettings
 from ..stages import LIMITS, STAGE0, STAGE1, Edge, Learner, edge_exchange, learner_exchange
+from ..stages.evaluate import Evaluation
 from ..transport import PeerAbort, PeerGone, ProtocolError, TcpTransport, Transport, TransportTimeout, ZmqTransport
 from ..transport.curve import client_keys, server_keys
 from ..transport.endpoints import is_local
@@ -59,7 +60,8 @@ def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[En
         _clear(Path(run_dir))
     else:
         check_fresh(run_dir)
-    run_log = RunLog(run_dir, keep=options.keep_checkpoints)
+    # stage0 writes the metrics (stage1's keys ride on them), so TensorBoard is stage0's, or the twin's.
+    run_log = RunLog(run_dir, keep=options.keep_checkpoints, tensorboard=options.tensorboard and role != STAGE1)
     config: dict[str, Any] = {
         "settings": settings.to_dict(),
         "options": dataclasses.asdict(options),
@@ -74,7 +76,8 @@ def _check_resumable(run_dir: Path, config_name: str, settings: TrainSettings) -
     path = run_dir / config_name
     if not path.exists():
         raise SettingsError(f"--resume {run_dir}: no {config_name} there (is it this stage's run directory?)")
-    saved = _flatten(json.loads(path.read_text())["settings"])
+    # A run made before a setting existed ran with its default: it reads back as such.
+    saved = _flatten(TrainSettings.from_dict(json.loads(path.read_text())["settings"]).to_dict())
     now = _flatten(settings.to_dict())
     differ = [f"{key}: the run has {saved.get(key)!r}, now {now.get(key)!r}" for key in sorted(set(saved) | set(now))
               if key != "total_steps" and saved.get(key) != now.get(key)]
@@ -146,6 +149,11 @@ def make_edge(settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None, op
                 slots=settings.schedule.max_staleness + 1 if concurrent else 1)
 
 
+def make_evaluation(settings: TrainSettings, spec: EnvSpec, options: RunOptions) -> Evaluation | None:
+    """Stage0's scoring during training, if ``--eval-every`` asks for it."""
+    return Evaluation(settings, spec, options.eval_every, options.eval_episodes) if options.eval_every else None
+
+
 def make_learner(settings: TrainSettings, spec: EnvSpec) -> Learner:
     """Stage1's compute, with as many rollout slots and acting copies as the schedule needs."""
     concurrent = settings.schedule.mode == "async"
@@ -153,7 +161,7 @@ def make_learner(settings: TrainSettings, spec: EnvSpec) -> Learner:
 
 
 def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, start_timeout: float | None = None,
-                 resume: bool = False) -> list[dict[str, Any]]:
+                 resume: bool = False, evaluation: Evaluation | None = None) -> list[dict[str, Any]]:
     """Handshake, every iteration (from the newest checkpoint both stages have, with ``resume``), close.
     Returns the metrics records."""
     try:
@@ -172,7 +180,8 @@ def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, sta
             log.info("[stage0] resuming after iteration %d", iteration)
         try:
             records = SCHEDULES[edge.settings.schedule.mode].stage0_loop(edge, exchange, link,
-                                                                         checkpoint_every=checkpoint_every)
+                                                                         checkpoint_every=checkpoint_every,
+                                                                         evaluation=evaluation)
         finally:
             edge.close()
         link.send("close")
@@ -214,10 +223,14 @@ def run_stage0(settings: TrainSettings, options: RunOptions, connect: str) -> li
     check_exposure(options, connect, bind=False)
     spec, run_log = prepare(settings, options, STAGE0)
     edge = make_edge(settings, spec, run_log, options)
-    with open_link(options, connect, bind=False, peer=f"stage1 at {connect}") as link:
-        log.info("[stage0] connecting to stage1 at %s", connect)
-        return serve_stage0(edge, link, checkpoint_every=options.checkpoint_every, start_timeout=options.start_timeout,
-                            resume=bool(options.resume))
+    try:
+        with open_link(options, connect, bind=False, peer=f"stage1 at {connect}") as link:
+            log.info("[stage0] connecting to stage1 at %s", connect)
+            return serve_stage0(edge, link, checkpoint_every=options.checkpoint_every,
+                                start_timeout=options.start_timeout, resume=bool(options.resume),
+                                evaluation=make_evaluation(settings, spec, options))
+    finally:
+        run_log.close()
 
 
 def run_stage1(settings: TrainSettings, options: RunOptions, bind: str) -> int:
@@ -263,7 +276,8 @@ def train_twin(settings: TrainSettings, options: RunOptions) -> list[dict[str, A
     thread.start()
     try:
         records = serve_stage0(edge, link0, checkpoint_every=options.checkpoint_every,
-                               start_timeout=options.start_timeout, resume=bool(options.resume))
+                               start_timeout=options.start_timeout, resume=bool(options.resume),
+                               evaluation=make_evaluation(settings, spec, options))
     except (PeerAbort, TransportTimeout):
         thread.join(timeout=10)
         if failure:  # stage0 only heard that stage1 stopped: stage1's own error says why
@@ -274,6 +288,8 @@ def train_twin(settings: TrainSettings, options: RunOptions) -> list[dict[str, A
         if failure:
             log.info("[stage1] stopped too: %s: %s", type(failure[0]).__name__, failure[0])
         raise
+    finally:
+        run_log.close()
     thread.join(timeout=options.timeout)
     if failure:
         raise failure[0]

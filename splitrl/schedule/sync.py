@@ -20,13 +20,15 @@ from typing import Any
 
 from ..runs import RunLog
 from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
+from ..stages.evaluate import Evaluation
 from ..transport import Transport
-from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish
+from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish, stops
 
 __all__ = ["stage0_loop", "stage1_loop"]
 
 
-def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoint_every: int = 10) -> list[dict[str, Any]]:
+def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoint_every: int = 10,
+                evaluation: Evaluation | None = None) -> list[dict[str, Any]]:
     """Every iteration from stage0's side; returns the metrics records."""
     s = edge.settings
     edge.open_envs()
@@ -67,6 +69,7 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
                     with clock("link"):
                         link.send("train_fwd", tensors, {**header, "epoch": epoch, "mb": mb})
                         reply = expect(link, "train_bwd", epoch=epoch, mb=mb)
+                    stop = stops(reply, mb == len(minibatches) - 1)
                     with clock("codec"):
                         grad = exchange.grad(sent, reply)
                     with clock("encoder"):
@@ -78,10 +81,12 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
                             update = expect(link, "heads")
                         with clock("codec"):
                             exchange.apply_update(update, {"iteration": iteration, "epoch": epoch, "mb": mb}, names)
+                if stop:  # stage1 saw the KL pass --target-kl
+                    break
 
         # -- iteration end: iter_end -> stage1's statistics, checkpoints, the metrics line --
         checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
-        stats = stage0_finish(edge, exchange, link, clock, iteration, checkpoint, rollout)
+        stats = stage0_finish(edge, exchange, link, clock, iteration, checkpoint, rollout, evaluation)
         metrics.end(iteration, clock, stats, rollout)
     return metrics.records
 
@@ -117,11 +122,15 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
                     with busy("heads"):
                         tensors, header = exchange.learn(msg, idx)
                         learner.optimizer_step()
-                    link.send("train_bwd", tensors, {**header, "epoch": epoch, "mb": mb})
+                    stop = mb == len(minibatches) - 1 and learner.stop_early()
+                    header = {**header, "epoch": epoch, "mb": mb, **({"stop": True} if stop else {})}
+                    link.send("train_bwd", tensors, header)
                     with busy("heads"):
                         update = exchange.update(epoch, mb)
                     if update is not None:
                         link.send("heads", *update)
+                if stop:
+                    break
 
         # -- iteration end (with the cut before the first layer, stage1 trains now) ----
         stage1_finish(learner, exchange, link, busy, iteration, schedule, run_log, cpu_start, rollout)

@@ -29,12 +29,12 @@ import torch
 from torch import nn
 
 from ..codecs import CodecSet, Context
-from ..envs import EnvSpec, make_vector_env, restore_vector_env, to_chw, to_env_action, vector_env_state
+from ..envs import EnvSpec, make_vector_env, restore_vector_env, to_chw, vector_env_state
 from ..models import build_agent
-from ..ppo import minibatch_schedule
+from ..ppo import anneal, minibatch_schedule
 from ..runs import RunLog
 from ..settings import TrainSettings
-from ..transport import Message
+from ..transport import Message, ProtocolError
 from .protocol import Payload, tensor
 
 __all__ = ["Edge", "EMA_DECAY"]
@@ -58,7 +58,8 @@ class Edge:
         self.settings, self.spec, self.run_log = settings, spec, run_log
         self.vector = vector
         """'sync': the environments step in this process; 'async': in worker processes (`splitrl.envs.StepInTwo`)."""
-        self.net, _ = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed, settings.ppo.init_log_std)
+        self.net, _ = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed,
+                                  settings.ppo.init_log_std, discrete=spec.discrete)
         self.params = list(self.net.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=settings.ppo.lr_encoder, eps=1e-5) if self.params else None
         self.acting = copy.deepcopy(self.net).requires_grad_(False) if acting_copy else self.net
@@ -168,8 +169,15 @@ class Edge:
 
     def begin_step(self, msg: Message, g: int = 0) -> None:
         """Start stepping group ``g`` with stage1's ``action`` (in its workers with ``vector='async'``)."""
-        action = tensor(msg, "action", (len(self.groups[g]), self.spec.action_dim), torch.float32)
-        self.actions[g] = to_env_action(action.numpy(), self.low, self.high, self.settings.env.action_map)
+        n = len(self.groups[g])
+        if self.spec.discrete:
+            action = tensor(msg, "action", (n,), torch.int64)
+            if not bool(((action >= 0) & (action < self.spec.action_dim)).all()):
+                raise ProtocolError(f"{msg.kind}: tensor 'action': expected indices in [0, {self.spec.action_dim}), "
+                                    f"got values from {int(action.min())} to {int(action.max())}")
+        else:
+            action = tensor(msg, "action", (n, self.spec.action_dim), torch.float32)
+        self.actions[g] = self.spec.env_action(action.numpy(), self.settings.env.action_map)
         self.steppers[g].begin(self.actions[g])
 
     def finish_step(self, g: int = 0) -> None:
@@ -236,6 +244,8 @@ class Edge:
         self.flat_obs = self.buffers[iteration % len(self.buffers)].view((-1,) + self.spec.obs_shape)
         self.codecs.new_iteration("fwd", "bwd")
         ppo = self.settings.ppo
+        if self.optimizer is not None:
+            anneal(self.optimizer, ppo.lr_encoder * ppo.lr_fraction(iteration, self.settings.num_iterations))
         return minibatch_schedule(self.settings.seed, iteration, ppo.epochs, self.flat_obs.shape[0], ppo.minibatches)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

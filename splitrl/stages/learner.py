@@ -29,7 +29,7 @@ from torch import nn
 from ..codecs import CodecSet, Context
 from ..envs import EnvSpec
 from ..models import ActorCriticHeads, build_agent
-from ..ppo import RolloutBuffer, explained_variance, minibatch_schedule, ppo_loss
+from ..ppo import RolloutBuffer, anneal, explained_variance, minibatch_schedule, ppo_loss
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
 from .protocol import Payload, tensor
@@ -46,7 +46,8 @@ class Learner:
     def __init__(self, settings: TrainSettings, spec: EnvSpec, *, slots: int = 1, acting_copy: bool = False) -> None:
         self.settings, self.spec = settings, spec
         ppo = settings.ppo
-        stage0_net, self.heads = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed, ppo.init_log_std)
+        stage0_net, self.heads = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed,
+                                             ppo.init_log_std, discrete=spec.discrete)
         self.params = list(self.heads.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=ppo.lr_heads, eps=1e-5)
         self.generator = torch.Generator().manual_seed(settings.seed)
@@ -55,7 +56,7 @@ class Learner:
         self.published: dict[int, ActorCriticHeads] = {}
         n, t = settings.env.num_envs, ppo.num_steps
         self.set_groups(1)
-        self.buffers = [RolloutBuffer(t, n, spec.action_dim) for _ in range(slots)]
+        self.buffers = [RolloutBuffer(t, n, spec.action_dim, spec.discrete) for _ in range(slots)]
         self.buffer = self.buffers[0]
         """The rollout being collected."""
         self.train_buffer = self.buffers[0]
@@ -150,7 +151,7 @@ class Learner:
         if self.inputs is not None:
             self.inputs[slot][t, envs] = x
         self.versions[slot][t, envs] = self._acting_version()
-        return {"action": torch.tanh(u)}, {}
+        return {"action": self.acting.wire_action(u)}, {}
 
     def _acting_version(self) -> int:
         # Without a copy the heads act as they are: trained iteration - 1 times.
@@ -199,6 +200,7 @@ class Learner:
         """
         ppo, slot = self.settings.ppo, self._slot(iteration)
         self.train_iteration = iteration
+        anneal(self.optimizer, ppo.lr_heads * ppo.lr_fraction(iteration, self.settings.num_iterations))
         self.train_buffer = buffer = self.buffers[slot]
         lag = (iteration - 1) - self.versions[slot]
         weights, last_values = None, self.last_values[slot]
@@ -223,7 +225,7 @@ class Learner:
         """The training heads' (log-prob of ``actions``, value) for stored inputs shaped (T, N, ...), by rows."""
         t, n = inputs.shape[:2]
         flat = inputs.reshape((t * n,) + inputs.shape[2:])
-        flat_actions = None if actions is None else actions.reshape(t * n, -1)
+        flat_actions = None if actions is None else actions.reshape((t * n,) + actions.shape[2:])
         logprobs, values = [], []
         with torch.no_grad():
             for rows in torch.arange(t * n).split(512):
@@ -263,12 +265,25 @@ class Learner:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def train_alone(self, minibatches: list[torch.Tensor]) -> None:
-        """One epoch on the stored rollout inputs (the cut before the first layer: no traffic)."""
+    def train_alone(self, minibatches: list[torch.Tensor]) -> bool:
+        """One epoch on the stored rollout inputs (the cut before the first layer: no traffic); whether to stop
+        here (`stop_early`)."""
         flat = self.inputs[self._slot(self.train_iteration)].reshape((-1,) + self.spec.obs_shape)
         for idx in minibatches:
             self.loss(idx, *self.heads.outputs(flat[idx])).backward()
             self.optimizer_step()
+        return self.stop_early()
+
+    def stop_early(self, parts: int = 1) -> bool:
+        """CleanRL's ``--target-kl``: after an epoch, whether the approximate KL of its last minibatch (the mean
+        of its ``parts`` micro-batches' losses) exceeds the target, so that the iteration's epochs end here.
+        Stage1 decides and tells stage0 in the epoch's last ``train_bwd`` (or ``progress``) header: ``stop``."""
+        target = self.settings.ppo.target_kl
+        kls = self.stats["losses/approx_kl"][-parts:]
+        stop = target > 0 and bool(kls) and sum(kls) / len(kls) > target
+        if stop:
+            self.stats["losses/early_stop"].append(1.0)
+        return stop
 
     def publish(self) -> None:
         """The trained heads as the acting copy of version `train_iteration` (taken at stage0's word: `adopt`)."""

@@ -13,9 +13,12 @@ Per iteration (the synchronous schedule, `splitrl.schedule.sync`, sends them in 
             stage1 -> heads {<weight updates>} header {iteration, epoch, mb}
                                                                  (after the train_bwd of the minibatches
                                                                   the replica's last_every/all_every name)
-  wrap-up   stage0 -> iter_end header {iteration, checkpoint}
+  wrap-up   stage0 -> iter_end header {iteration, checkpoint, eval}
             stage1 -> progress header {epoch}                    (per epoch, only when stage1 trains alone)
             stage1 -> iter_stats header {losses/..., time/heads, cpu/stage1}
+            stage1 -> eval_heads {<the heads' weights>} header {iteration}
+                                                                 (only when iter_end says eval: stage0 then
+                                                                  scores the policy locally, --eval-every)
   the end   stage0 -> close
 
 The pipelined and asynchronous schedules (`splitrl.schedule.pipelined`,
@@ -25,6 +28,8 @@ policy's version) in the asynchronous rollout's, after a short start: stage0
 -> ``ping`` {i} / stage1 -> ``pong`` {i} (five round trips, timed), then stage0
 -> ``plan`` {rollout_groups}.
 
+``action`` is float32 [N, A] in [-1, 1] for a Box action space (stage0 maps it
+onto the Box), int64 [N] action indices for a Discrete one.
 A ``step`` at t > 0 carries the outcome of the action taken at t - 1; the last
 outcome of an iteration rides on ``rollout_end`` with the features of the
 observation to bootstrap from. ``final_features`` holds the encoded real last
@@ -51,7 +56,7 @@ STAGE1 = "stage1"
 
 KINDS = frozenset(
     {"step", "action", "rollout_end", "heads", "train_fwd", "train_bwd", "iter_end", "progress", "iter_stats", "close",
-     "ping", "pong", "plan"}
+     "ping", "pong", "plan", "eval_heads"}
 )
 
 LIMITS = WireLimits(kinds=KINDS)

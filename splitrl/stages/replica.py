@@ -1,10 +1,11 @@
 """The replica exchange: training sends the change in the heads' outputs, not the features.
 
 With the cut after the CNN, the loss depends on a sample's 4,096 features only
-through the heads' outputs: the actor's mean (one value per action dimension)
-and the critic's value. Stage0 keeps a replica of the heads, brought up to date
-after each rollout (``heads``) and, if asked, during training (see below). In
-each training minibatch:
+through the heads' outputs: the actor's mean (one value per action dimension;
+with a Discrete action space its logits, one per action) and the critic's
+value. Stage0 keeps a replica of the heads, brought up to date after each
+rollout (``heads``) and, if asked, during training (see below). In each
+training minibatch:
 
 - stage0 computes its current features f and sends, per sample, the change of
   the replica's outputs since the rollout, ``o(f) - o(view)`` (4 floats for
@@ -163,7 +164,7 @@ class HeadsSync:
 
 
 def _outputs(heads: ActorCriticHeads, x: torch.Tensor) -> torch.Tensor:
-    """[actor mean, value] per sample: what crosses instead of the features."""
+    """[actor mean (or logits), value] per sample: what crosses instead of the features."""
     mean, value = heads.outputs(x)
     return torch.cat([mean, value[:, None]], dim=1)
 
@@ -177,7 +178,8 @@ class ReplicaEdge(EdgeExchange):
         super().__init__(edge)
         s, spec = edge.settings, edge.spec
         self.exchange = s.codecs.parsed_exchange()
-        _, heads = build_agent(spec.obs_shape, spec.action_dim, s.cut, s.seed, s.ppo.init_log_std)
+        _, heads = build_agent(spec.obs_shape, spec.action_dim, s.cut, s.seed, s.ppo.init_log_std,
+                               discrete=spec.discrete)
         self.replica = heads.requires_grad_(False)  # never trained here: stage1's heads, as last sent
         self.sync = HeadsSync(replicated(self.replica), self.exchange.sync)
         self.view = self.codecs.rollout_view()

@@ -109,13 +109,17 @@ class Gate:
                     slot.held_once, slot.vacated_at = False, None
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        # Monitors off before the thread closes their reading ends: libzmq's I/O thread sends a monitor event
+        # with a blocking send, and a PAIR socket whose peer has gone blocks, holding the lock that
+        # `disable_monitor` then waits on (a hang at exit seen once in a few runs when the peer's
+        # disconnect raced our close).
         for sock in self._sockets:
             try:
                 sock.disable_monitor()
             except zmq.ZMQError:  # pragma: no cover - closed already
                 pass
+        self._stop.set()
+        self._thread.join(timeout=5)
 
     # -- the thread -------------------------------------------------------------
     def _run(self) -> None:

@@ -130,3 +130,16 @@ def test_curve_prints_one_row_per_iteration(tmp_path):
     lines = curve_table(run).splitlines()
     assert lines[2] == "| 1 | 4096 | -40.0 | -41.5 | 4 | 50.0 | 3 |"
     assert lines[3] == "| 2 | 8192 | - | - | 0 | 60.0 | 6 |"
+
+
+def test_the_table_gains_the_held_out_eval_score_where_a_run_has_one(runs: list[Path], tmp_path: Path) -> None:
+    from splitrl.bench.report import report_table
+    from splitrl.stages.evaluate import append_eval
+
+    assert "held-out eval" not in report_table([load_run(run) for run in runs])
+    append_eval(runs[1], {"iteration": 2, "episodes": 10, "return_mean": 1.0, "return_std": 9.0})
+    append_eval(runs[1], {"iteration": 3, "episodes": 10, "return_mean": 512.25, "return_std": 31.5})
+    lines = report_table([load_run(run) for run in runs]).splitlines()
+    assert lines[0].endswith("| held-out eval return |")
+    assert lines[2].split("|")[-2].strip() == "n/a"
+    assert lines[3].split("|")[-2].strip() == "512.2 ± 31.5 (10 episodes, iteration 3)"  # the newest line

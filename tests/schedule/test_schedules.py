@@ -10,7 +10,6 @@ import torch
 from splitrl.launch import free_port_pair
 from splitrl.runs import load_checkpoint
 from splitrl.schedule import pipelined, session
-from splitrl.schedule import pipelined
 from splitrl.schedule.pipelined import choose_groups, rollout_lag
 from splitrl.settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
 
@@ -197,3 +196,54 @@ def test_schedule_settings_are_checked_with_the_others():
     assert ScheduleSettings().mode == "sync" and ScheduleSettings(microbatches=2).mode == "pipelined"
     assert ScheduleSettings(rollout_groups="auto").mode == "pipelined"
     assert ScheduleSettings(asynchronous=True, microbatches=2).mode == "async"
+
+
+# -- CleanRL's --anneal-lr and --target-kl, in every loop -----------------------------------------------------
+
+
+def _optimizer_lr(run_dir, stage, iteration):
+    return load_checkpoint(run_dir, stage, iteration)["optimizer"]["param_groups"][0]["lr"]
+
+
+def test_target_kl_ends_the_epochs_on_both_stages_and_anneal_lr_lowers_both_rates(tmp_path, spawn):
+    """Pipelined with micro-batches over a real link, then its twin: a target KL no update stays under ends
+    every iteration after its first epoch (half the training messages), the split still computes what the
+    twin does, and both learning rates go down linearly (CleanRL: lr x (1 - (iteration - 1) / iterations))."""
+    endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
+    args = TWO_ENVS + ["--rollout-groups", "2", "--microbatches", "2", "--timeout", "60", "--start-timeout", "60",
+                       "--target-kl", "1e-12", "--anneal-lr"]
+    split = tmp_path / "split"
+    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(split), *args)
+    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(split), *args)
+    code0, out0 = s0.finish(timeout=300)
+    code1, out1 = s1.finish(timeout=30)
+    assert code0 == 0 and code1 == 0, out0 + out1
+    _twin(tmp_path / "twin", *args)
+    _assert_same_states(_states(split), _states(tmp_path / "twin"))
+    assert _metrics(split) == _metrics(tmp_path / "twin")
+    for row in (json.loads(line) for line in (split / "metrics.jsonl").read_text().splitlines()):
+        # One epoch of 2 minibatches x 2 micro-batches, not 2 epochs.
+        assert row["net/train_fwd/sent_messages"] == row["net/train_bwd/recv_messages"] == 1 * 2 * 2
+        assert row["losses/early_stop"] == 1.0
+    defaults = PPOSettings()
+    for stage, base in (("stage0", defaults.lr_encoder), ("stage1", defaults.lr_heads)):
+        assert _optimizer_lr(split, stage, 1) == pytest.approx(base)
+        assert _optimizer_lr(split, stage, 2) == pytest.approx(base * 0.5)
+
+
+@pytest.mark.parametrize("cut", ["cnn", "input"])
+def test_the_synchronous_loops_stop_where_the_kl_passes_the_target(tmp_path, cut):
+    """The synchronous schedule (the twin, in process) and stage1 training alone (the cut before the first
+    layer): one epoch of two when the target is tiny; two when it is off, and no early_stop key."""
+    for target, name in ((1e-12, "tiny"), (0.0, "off")):
+        settings = dataclasses.replace(_tiny(), cut=cut, ppo=dataclasses.replace(_tiny().ppo, target_kl=target))
+        _train_in_process(tmp_path / name, settings)
+    tiny, off = _metrics(tmp_path / "tiny"), _metrics(tmp_path / "off")
+    assert all(r["losses/early_stop"] == 1.0 for r in tiny) and not any("losses/early_stop" in r for r in off)
+    if cut == "cnn":
+        assert [r["net/train_fwd/sent_messages"] for r in tiny] == [2, 2]
+        assert [r["net/train_fwd/sent_messages"] for r in off] == [4, 4]
+    else:
+        assert [r["net/progress/recv_messages"] for r in tiny] == [1, 1]
+        assert [r["net/progress/recv_messages"] for r in off] == [2, 2]
+    assert tiny[0]["losses/approx_kl"] != off[0]["losses/approx_kl"]  # fewer updates: other numbers

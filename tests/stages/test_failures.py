@@ -40,10 +40,13 @@ def test_unusable_env_is_refused_before_any_socket_opens(tmp_path, env_id, expec
 
 
 def test_every_invalid_setting_is_reported_at_once():
-    result = run("train", "--num-steps", "0", "--epochs", "0", "--gamma", "2", "--cut", "middle")
+    result = run("train", "--num-steps", "0", "--epochs", "0", "--gamma", "2", "--init-log-std", "9")
     assert result.returncode == 2
-    for name in ("--num-steps", "--epochs", "--gamma", "--cut"):
+    for name in ("--num-steps", "--epochs", "--gamma", "--init-log-std"):
         assert name in result.stderr
+    # A value outside a fixed set is refused by the option itself (a click Choice), naming the choices.
+    result = run("train", "--cut", "middle")
+    assert result.returncode == 2 and "'middle' is not one of 'cnn', 'input'" in result.stderr
 
 
 def test_unreachable_peer_times_out_with_a_clear_error(tmp_path):

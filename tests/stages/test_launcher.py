@@ -31,7 +31,7 @@ def test_interrupting_the_launcher_stops_both_stages(tmp_path, spawn, mode, sig)
     from .test_failures import MODES
 
     run_dir = tmp_path / "run"
-    proc = spawn("run", "--run-dir", str(run_dir), "--total-steps", "100000", "--num-steps", "4096", "--threads", "1",
+    proc = spawn("run", "--run-dir", str(run_dir), "--total-steps", "491520", "--num-steps", "4096", "--threads", "1",
                  *MODES[mode])
     proc.wait_for("stage0 connected", timeout=120)
     time.sleep(1)

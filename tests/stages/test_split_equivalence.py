@@ -76,10 +76,10 @@ REPLICA_SYNC = ["--codec-rollout", "int8", "--exchange", "replica:last_every=1,a
 )
 def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, cut, transport, codecs):
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
-    args = TINY + ["--cut", cut, "--transport", transport, "--timeout", "60", "--start-timeout", "60", *codecs]
+    args = TINY + ["--cut", cut, "--timeout", "60", "--start-timeout", "60", *codecs]
     split_dir, twin_dir = tmp_path / "split", tmp_path / "twin"
-    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(split_dir), *args)
-    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(split_dir), *args)
+    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(split_dir), "--transport", transport, *args)
+    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(split_dir), "--transport", transport, *args)
     code0, out0 = s0.finish(timeout=240)
     code1, out1 = s1.finish(timeout=30)
     assert code0 == 0, out0

@@ -1,0 +1,173 @@
+"""Scoring an agent: both halves in one process, whole episodes on seeds that training never used.
+
+`evaluate` runs the encoder and the heads it is given on one environment with the training's
+observation pipeline and no reward shaping (the returns are the environment's own), one episode
+per seed, and optionally records every episode as an mp4 with gymnasium's `RecordVideo` (the
+frames a person sees, ``render_mode="rgb_array"``). `load_agent` rebuilds both halves from a run
+directory's checkpoints; `splitrl eval` and the evaluation during training (`Edge.evaluate`) both
+end here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from ..envs import EnvSpec, make_single_env, to_chw
+from ..models import ActorCriticHeads, build_agent
+from ..runs import checkpoint_iterations, load_checkpoint
+from ..settings import SettingsError, TrainSettings
+from .protocol import STAGE0, STAGE1
+
+__all__ = ["EVAL_SEED_OFFSET", "EvalResult", "Evaluation", "evaluate", "load_agent", "eval_seed", "append_eval"]
+
+EVAL_SEED_OFFSET = 1_000_000
+"""Held-out episodes start at seed + this. Training seeds env i once with seed + i and never again
+(autoreset goes on with each env's generator), so these episodes begin where training never began."""
+
+
+def eval_seed(settings: TrainSettings) -> int:
+    """The first held-out seed of a run: far from every seed its training used."""
+    return settings.seed + EVAL_SEED_OFFSET
+
+
+@dataclasses.dataclass
+class EvalResult:
+    """Each episode's return and length, in seed order."""
+
+    returns: list[float]
+    lengths: list[int]
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.returns))
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.returns))
+
+    def record(self, **extra: Any) -> dict[str, Any]:
+        return {**extra, "episodes": len(self.returns), "return_mean": self.mean, "return_std": self.std,
+                "returns": self.returns, "lengths": self.lengths}
+
+
+def evaluate(settings: TrainSettings, encoder: nn.Module, heads: ActorCriticHeads, spec: EnvSpec, *, episodes: int,
+             seed: int, deterministic: bool = True, video_dir: str | Path | None = None,
+             max_steps: int | None = None) -> EvalResult:
+    """Run ``episodes`` episodes, episode k from ``seed + k``. ``deterministic``: the policy's most likely
+    action (tanh of the mean for Box actions, the largest logit for discrete ones); otherwise sampled, from a generator seeded with ``seed``. ``max_steps`` cuts an episode
+    (the env's own time limit applies anyway)."""
+    if episodes < 1:
+        raise SettingsError(f"--episodes must be >= 1, got {episodes}")
+    env = make_single_env(settings.env, render_mode="rgb_array" if video_dir else None)
+    if video_dir:
+        env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True,
+                                       name_prefix=f"eval-seed{seed}", disable_logger=True)
+    stacked = settings.env.frame_stack > 1
+    generator = torch.Generator().manual_seed(seed)
+    returns, lengths = [], []
+    was_training = encoder.training, heads.training
+    encoder.eval()
+    heads.eval()
+    try:
+        for k in range(episodes):
+            obs, _ = env.reset(seed=seed + k)
+            total, steps, done = 0.0, 0, False
+            while not done:
+                with torch.no_grad():
+                    x = encoder(torch.as_tensor(to_chw(np.asarray(obs)[None], stacked)))
+                    mean, value = heads.outputs(x)
+                    u = heads.greedy_action(mean) if deterministic else heads.evaluate(mean, value,
+                                                                                       generator=generator)[0]
+                action = spec.env_action(heads.wire_action(u).numpy(), settings.env.action_map)[0]
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total += float(reward)
+                steps += 1
+                done = terminated or truncated or (max_steps is not None and steps >= max_steps)
+            returns.append(total)
+            lengths.append(steps)
+    finally:
+        env.close()  # RecordVideo writes the last episode's file here
+        encoder.train(was_training[0])
+        heads.train(was_training[1])
+    return EvalResult(returns, lengths)
+
+
+class Evaluation:
+    """Scoring during training, on stage0 (``--eval-every N --eval-episodes K``).
+
+    stage0 holds the environments and the encoder but not the heads, so at an iteration's end it asks
+    for them (``eval`` in ``iter_end``) and stage1 sends their weights once (``eval_heads``, float32,
+    metered under its own name and never counted as training's bytes, `splitrl.runs.NOT_TRAINING_KINDS`);
+    the episodes then run on stage0 with no message per step. That costs one heads' worth of bytes per
+    evaluation (16.8 MB with the paper's network) instead of 2 x 16 KiB per step of every episode, and
+    it works with every exchange (the replica's heads would lag the trained ones). The episodes use the
+    held-out seeds of `splitrl eval` and the policy's mean; nothing of training's state is touched (own
+    env, own generator), so training goes on exactly as without it.
+    """
+
+    def __init__(self, settings: TrainSettings, spec: EnvSpec, every: int, episodes: int) -> None:
+        self.settings, self.spec, self.every, self.episodes = settings, spec, every, episodes
+        self._heads: ActorCriticHeads | None = None
+
+    def due(self, iteration: int) -> bool:
+        """After every ``every``-th iteration and after the last."""
+        return self.every > 0 and (iteration % self.every == 0 or iteration == self.settings.num_iterations)
+
+    def run(self, encoder: nn.Module, heads_state: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Score ``encoder`` with heads of ``heads_state``; the metrics keys of the iteration's record."""
+        s = self.settings
+        if self._heads is None:
+            _, self._heads = build_agent(self.spec.obs_shape, self.spec.action_dim, s.cut, s.seed, s.ppo.init_log_std,
+                                         discrete=self.spec.discrete)
+        self._heads.load_state_dict(heads_state)
+        result = evaluate(s, encoder, self._heads, self.spec, episodes=self.episodes, seed=eval_seed(s))
+        return {"eval/return_mean": result.mean, "eval/return_std": result.std, "eval/episodes": len(result.returns)}
+
+
+def _settings_of(config: dict[str, Any]) -> TrainSettings:
+    try:
+        return TrainSettings.from_dict(config["settings"])
+    except (KeyError, TypeError) as exc:
+        raise SettingsError(f"the run's config does not describe its settings ({exc})") from None
+
+
+def load_agent(run_dir: str | Path, iteration: int | None = None, stage1_dir: str | Path | None = None
+               ) -> tuple[TrainSettings, EnvSpec, nn.Module, ActorCriticHeads, int]:
+    """(settings, env spec, encoder, heads, iteration) from a run directory's checkpoints: the newest
+    iteration both stages have unless ``iteration``; stage1's from ``stage1_dir`` when the run was split
+    across machines (each stage its own directory)."""
+    run_dir = Path(run_dir)
+    stage1_dir = Path(stage1_dir) if stage1_dir else run_dir
+    config_path = next((run_dir / n for n in ("config-stage0.json", "config.json") if (run_dir / n).exists()), None)
+    if config_path is None:
+        raise SettingsError(f"{run_dir}: no config.json or config-stage0.json (not a run directory?)")
+    config = json.loads(config_path.read_text())
+    settings = _settings_of(config)
+    spec = EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["env_spec"].items()})
+    both = sorted(set(checkpoint_iterations(run_dir, STAGE0)) & set(checkpoint_iterations(stage1_dir, STAGE1)))
+    if not both:
+        raise SettingsError(f"{run_dir}: no iteration with checkpoints of both stages (stage1's looked for in "
+                            f"{stage1_dir})")
+    if iteration is None:
+        iteration = both[-1]
+    elif iteration not in both:
+        raise SettingsError(f"--iteration {iteration}: no checkpoint pair of it; there are {both}")
+    encoder, heads = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed,
+                                 settings.ppo.init_log_std, discrete=spec.discrete)
+    encoder.load_state_dict(load_checkpoint(run_dir, STAGE0, iteration)["net"])
+    heads.load_state_dict(load_checkpoint(stage1_dir, STAGE1, iteration)["heads"])
+    return settings, spec, encoder, heads, iteration
+
+
+def append_eval(run_dir: str | Path, record: dict[str, Any]) -> None:
+    """One line of eval.jsonl (NaN-free: the returns are finite sums)."""
+    with open(Path(run_dir) / "eval.jsonl", "a") as out:
+        out.write(json.dumps(record, allow_nan=False) + "\n")

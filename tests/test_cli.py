@@ -1,0 +1,51 @@
+"""Command-line conventions: --version, choices, what `train` offers, per-stream codec help, whole iterations."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from splitrl.cli import main
+from splitrl.settings import CODEC_STREAMS
+
+
+def _run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_version():
+    result = _run("--version")
+    assert result.exit_code == 0 and result.output.startswith("splitrl ")
+
+
+@pytest.mark.parametrize("option, bad", [("--cut", "middle"), ("--action-map", "wrap"), ("--transport", "udp"),
+                                         ("--vector", "threads")])
+def test_options_with_a_fixed_set_of_values_are_choices(option, bad):
+    result = _run("stage0", option, bad)
+    assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output and "is not one of" in result.output
+
+
+def test_train_offers_no_link_options():
+    train = _run("train", "--help").output
+    stage1 = _run("stage1", "--help").output
+    for option in ("--transport", "--curve", "--insecure", "--heartbeat", "--rejoin"):
+        assert option not in train and option in stage1
+    assert "--eval-every" in train and "--tensorboard" in train
+
+
+def test_each_codec_option_lists_what_its_stream_accepts():
+    from splitrl.codecs import CODECS
+
+    assert CODEC_STREAMS == {stream: tuple(n for n, c in CODECS.items() if stream in c.streams)
+                             for stream in ("rollout", "fwd", "bwd")}
+    text = " ".join(_run("stage0", "--help").output.split())
+    assert "--codec-bwd TEXT codec of the gradient stage1 sends back in training (every minibatch); one of fp32, bf16, " \
+           "fp16, int8, paper, ef," in text
+    assert "(stage0 -> stage1, every env step); one of fp32, bf16, fp16, int8, relu, frames," in text
+
+
+def test_total_steps_must_be_whole_iterations_and_the_error_says_which():
+    result = _run("train", "--total-steps", "50", "--num-steps", "32")
+    assert result.exit_code == 2
+    assert "--total-steps 50 is not a whole number of iterations of 32 steps (num_steps x num_envs): use 32 or 64" \
+        in result.output
