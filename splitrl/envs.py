@@ -12,7 +12,7 @@ from gymnasium.vector import AutoresetMode
 
 from .settings import VECTOR_MODES, EnvSettings, SettingsError
 
-__all__ = ["EnvSpec", "Replayable", "StepInTwo", "VECTOR_MODES", "make_single_env", "make_vector_env", "to_env_action",
+__all__ = ["EnvSpec", "Replayable", "StepInTwo", "VECTOR_MODES", "choose_vector", "make_single_env", "make_vector_env", "to_env_action",
            "inspect_env", "to_chw", "vector_env_state", "restore_vector_env"]
 
 
@@ -134,6 +134,21 @@ class StepInTwo(gym.vector.VectorWrapper):
         return self.env.step(pending)
 
 
+ASYNC_FROM_ENVS = 4
+"""``--vector auto`` steps this many envs or more in worker processes: where `splitrl bench vector` measured
+AsyncVectorEnv faster (docs/results/vector.md: 1.24x at 4 envs, 1.51x at 8, 0.89x at 1; 2 and 3 not measured)."""
+
+
+def choose_vector(mode: str, num_envs: int) -> str:
+    """'sync' or 'async' for ``--vector mode``; 'auto' is async from `ASYNC_FROM_ENVS` envs on. (A pipelined
+    rollout of fewer envs may still want 'async': its groups' envs then step at once, `StepInTwo`.)"""
+    if mode not in VECTOR_MODES:
+        raise ValueError(f"vector must be one of {', '.join(VECTOR_MODES)}, got {mode!r}")
+    if mode != "auto":
+        return mode
+    return "async" if num_envs >= ASYNC_FROM_ENVS else "sync"
+
+
 def make_vector_env(settings: EnvSettings, *, vector: str = "sync", reward_gamma: float | None = None,
                     reward_clip: float = 0.0) -> tuple[gym.vector.VectorEnv, StepInTwo]:
     """``num_envs`` environments with episode statistics; returns (the envs, their `StepInTwo`).
@@ -151,8 +166,8 @@ def make_vector_env(settings: EnvSettings, *, vector: str = "sync", reward_gamma
     continuous PPO; the episode statistics sit inside it, so they record the raw
     returns.
     """
-    if vector not in VECTOR_MODES:
-        raise ValueError(f"vector must be one of {', '.join(VECTOR_MODES)}, got {vector!r}")
+    if vector not in ("sync", "async"):
+        raise ValueError(f"vector must be 'sync' or 'async' (`choose_vector` resolves 'auto'), got {vector!r}")
     thunks: list[Callable[[], gym.Env]] = [lambda: make_single_env(settings)] * settings.num_envs
     if vector == "async":
         base: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(thunks, autoreset_mode=AutoresetMode.SAME_STEP,

@@ -30,7 +30,7 @@ CODEC_STREAMS = {
     "bwd": ("fp32", "bf16", "fp16", "int8", "paper", "ef"),
 }
 """Which codecs each stream accepts (each codec's ``streams``), for --help; a test keeps it in step."""
-VECTOR_MODES = ("sync", "async")
+VECTOR_MODES = ("auto", "sync", "async")
 """Where the network is split: after the CNN (the paper's pipeline) or before its
 first layer (the paper's "cloud setup": raw observations cross the link)."""
 
@@ -445,8 +445,9 @@ class RunOptions:
     checkpoint_every: int = doc(1, "save both stages every N iterations (0: only at the end); what --resume "
                                    "continues from")
     threads: int = doc(0, "torch intra-op threads (0: torch's default)")
-    vector: str = doc("sync", "how stage0 steps its environments: 'sync' in its own process, 'async' in one "
-                              "worker process each (gymnasium AsyncVectorEnv), so encoding and the link overlap them",
+    vector: str = doc("auto", "how stage0 steps its environments: 'sync' in its own process, 'async' in one "
+                              "worker process each (gymnasium AsyncVectorEnv), so encoding and the link overlap them; "
+                              "'auto': async where it measured faster (4 or more envs), else sync",
                       choices=VECTOR_MODES)
     transport: str = doc("zmq", "the link: 'zmq' (ZeroMQ PUSH/PULL), 'tcp' (plain sockets, same frames), or 'torch-rpc' "
                           "(PyTorch RPC, the paper's link; loopback benchmarks only); both sides alike",

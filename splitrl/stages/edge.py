@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..codecs import CodecSet, Context
-from ..envs import EnvSpec, make_vector_env, restore_vector_env, to_chw, vector_env_state
+from ..envs import EnvSpec, choose_vector, make_vector_env, restore_vector_env, to_chw, vector_env_state
 from ..models import build_agent
 from ..ppo import anneal, minibatch_schedule
 from ..runs import RunLog
@@ -54,9 +54,9 @@ class Edge:
     """
 
     def __init__(self, settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None = None, *,
-                 vector: str = "sync", slots: int = 1, acting_copy: bool = False) -> None:
+                 vector: str = "auto", slots: int = 1, acting_copy: bool = False) -> None:
         self.settings, self.spec, self.run_log = settings, spec, run_log
-        self.vector = vector
+        self.vector = choose_vector(vector, settings.env.num_envs)
         """'sync': the environments step in this process; 'async': in worker processes (`splitrl.envs.StepInTwo`)."""
         self.net, _ = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed,
                                   settings.ppo.init_log_std, discrete=spec.discrete)

@@ -120,15 +120,9 @@ LINK = ["--timeout", "60", "--start-timeout", "60"]
 TWO_ENVS = ["--num-envs", "2", "--total-steps", "128"]
 
 
-@pytest.mark.parametrize("extra", [
-    [],
-    ["--cut", "input"],
-    ["--codec-rollout", "int8", "--exchange", "replica:last_every=1,all_every=3"],
-    TWO_ENVS + ["--rollout-groups", "2", "--microbatches", "2"],
-], ids=["cnn", "input", "replica", "pipelined"])
-def test_a_discrete_pixel_env_trains_split_and_twin_bit_identically(tmp_path, spawn, extra):
+def _split_and_twin(tmp_path, spawn, args):
+    """Train ``args`` split over ZeroMQ and as the twin; assert both end with the same weights and metrics."""
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
-    args = DOTS + extra
     split_dir, twin_dir = tmp_path / "split", tmp_path / "twin"
     s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(split_dir), *args, *LINK)
     s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(split_dir), *args, *LINK)
@@ -139,22 +133,32 @@ def test_a_discrete_pixel_env_trains_split_and_twin_bit_identically(tmp_path, sp
     twin = subprocess.run(splitrl_cmd("train", "--run-dir", str(twin_dir), *args), env=child_env(),
                           capture_output=True, text=True, timeout=240)
     assert twin.returncode == 0, twin.stderr[-3000:]
-
-    config = json.loads((split_dir / "config-stage0.json").read_text())
-    assert config["env_spec"]["discrete"] and config["env_spec"]["action_dim"] == 3
-    _, initial = build_agent((4, 48, 48), 3, "input" if "input" in extra else "cnn", 1, discrete=True)
     for stage, key in (("stage0", "net"), ("stage1", "heads")):
         split_state, twin_state = _load(split_dir, stage)[key], _load(twin_dir, stage)[key]
         assert split_state.keys() == twin_state.keys()
         for name in split_state:
             assert torch.equal(split_state[name], twin_state[name]), f"{stage}.{name}"
-    heads = _load(split_dir, "stage1")["heads"]
-    assert "actor_logstd" not in heads
-    assert not torch.equal(heads["actor_mean.2.weight"], initial.state_dict()["actor_mean.2.weight"])  # it trained
     split_metrics = _metrics(split_dir)
     assert split_metrics == _metrics(twin_dir)
     assert len(split_metrics) == 2
     assert split_metrics[-1]["net/action/recv_messages"] > 0
+    return split_dir
+
+
+@pytest.mark.parametrize("extra", [
+    [],
+    ["--cut", "input"],
+    ["--codec-rollout", "int8", "--exchange", "replica:last_every=1,all_every=3"],
+    TWO_ENVS + ["--rollout-groups", "2", "--microbatches", "2"],
+], ids=["cnn", "input", "replica", "pipelined"])
+def test_a_discrete_pixel_env_trains_split_and_twin_bit_identically(tmp_path, spawn, extra):
+    split_dir = _split_and_twin(tmp_path, spawn, DOTS + extra)
+    config = json.loads((split_dir / "config-stage0.json").read_text())
+    assert config["env_spec"]["discrete"] and config["env_spec"]["action_dim"] == 3
+    _, initial = build_agent((4, 48, 48), 3, "input" if "input" in extra else "cnn", 1, discrete=True)
+    heads = _load(split_dir, "stage1")["heads"]
+    assert "actor_logstd" not in heads
+    assert not torch.equal(heads["actor_mean.2.weight"], initial.state_dict()["actor_mean.2.weight"])  # it trained
     episodes = [json.loads(line) for line in (split_dir / "episodes.jsonl").read_text().splitlines()]
     assert episodes, "no episode ended"
     if not extra:  # and `splitrl eval` scores it with its most likely actions, the same twice
@@ -162,3 +166,16 @@ def test_a_discrete_pixel_env_trains_split_and_twin_bit_identically(tmp_path, sp
                                capture_output=True, text=True, timeout=120) for _ in range(2)]
         assert runs[0].returncode == 0, runs[0].stderr[-3000:]
         assert "over 2 episodes" in runs[0].stdout and runs[0].stdout == runs[1].stdout
+
+
+# An Atari game as users run them (CleanRL's ppo_atari: 84 x 84 grey, 4 frames stacked, every 4th frame
+# acted on, the max of the last two kept); ale-py's own frame skip off so ours does it (`--env-kwargs`).
+ATARI = [*TINY, "--env-id", "ale_py:ALE/Pong-v5", "--env-kwargs", "frameskip=1", "--resize", "84",
+         "--frame-stack", "4", "--frame-skip", "4"]
+
+
+def test_an_atari_game_trains_split_and_twin_bit_identically(tmp_path, spawn):
+    pytest.importorskip("ale_py", reason="the atari extra (ale-py) is not installed")
+    split_dir = _split_and_twin(tmp_path, spawn, ATARI)
+    spec = json.loads((split_dir / "config-stage0.json").read_text())["env_spec"]
+    assert spec["discrete"] and spec["action_dim"] == 6 and spec["obs_shape"] == [4, 84, 84]
