@@ -26,6 +26,7 @@ __all__ = [
     "stop_processes",
     "supervise",
     "launch_split",
+    "run_local",
     "progress",
 ]
 
@@ -173,21 +174,38 @@ def supervise(
 
 
 def launch_split(stage_args: Sequence[str], run_dir: str, *, endpoint: str | None = None,
-                 grace: float = STOP_GRACE_S) -> int:
+                 grace: float = STOP_GRACE_S, edges: int = 1) -> int:
     """Start ``splitrl stage1`` and ``splitrl stage0`` as two processes over loopback; stop both on any exit path.
 
     ``stage_args`` go to both (the settings' argv, ``--run-dir run_dir`` included); ``endpoint``:
-    where stage1 binds and stage0 connects (default: a free loopback tcp port pair).
+    where stage1 binds and stage0 connects (default: free loopback tcp ports). A fleet (``edges`` > 1)
+    starts a stage0 per edge, edge k with ``--edge-id k`` and the run directory ``run_dir/edge-k``.
     Returns the first non-zero exit code, else 0.
     """
-    endpoint = endpoint or f"tcp://127.0.0.1:{free_port_pair()}"
+    endpoint = endpoint or f"tcp://127.0.0.1:{free_port(count=2 * edges)}"
     base = [sys.executable, "-m", "splitrl"]
-    procs = [
-        subprocess.Popen(base + ["stage1", "--bind", endpoint, *stage_args]),
-        subprocess.Popen(base + ["stage0", "--connect", endpoint, *stage_args]),
-    ]
-    with contextlib.suppress(KeyboardInterrupt):  # both are stopped either way; their exit codes say how
-        supervise(procs, grace=grace, on_interrupt=lambda: log.info("stopping both stages"))
+    edge_args = [[]] if edges == 1 else [["--edge-id", str(k), "--run-dir", os.path.join(run_dir, f"edge-{k}")]
+                                         for k in range(edges)]
+    procs = [subprocess.Popen(base + ["stage1", "--bind", endpoint, *stage_args])]
+    procs += [subprocess.Popen(base + ["stage0", "--connect", endpoint, *stage_args, *extra]) for extra in edge_args]
+    with contextlib.suppress(KeyboardInterrupt):  # all are stopped either way; their exit codes say how
+        supervise(procs, grace=grace, on_interrupt=lambda: log.info(
+            "stopping both stages" if edges == 1 else f"stopping stage1 and the {edges} edges"))
     codes = [p.returncode for p in procs]
-    log.info("run directory: %s (stage1 exit %s, stage0 exit %s)", run_dir, *codes)
+    log.info("run directory: %s (stage1 exit %s, stage0 exit %s)", run_dir, codes[0], ", ".join(map(str, codes[1:])))
     return next((c for c in codes if c), 0)
+
+
+def run_local(args: Sequence[str], run_dir: str | os.PathLike, timeout: float) -> None:
+    """``splitrl run --run-dir RUN_DIR ARGS`` to the end, in a process group of its own (stopped as a whole on
+    any way out, Ctrl-C first), its output in ``RUN_DIR.log`` beside the run; RuntimeError if it fails."""
+    from pathlib import Path
+
+    run_dir = Path(run_dir)
+    log_path = run_dir.parent / f"{run_dir.name}.log"
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "splitrl", "run", "--run-dir", str(run_dir), *args],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        supervise([proc], grace=15.0, timeout=timeout, first_signal=signal.SIGINT, group=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{run_dir.name} failed (exit {proc.returncode}); its output: {log_path}")

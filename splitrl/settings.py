@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import SettingsError
 
-__all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "Exchange", "EXCHANGES", "ScheduleSettings", "SCHEDULES",
+__all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "Exchange", "EXCHANGES", "ScheduleSettings", "SCHEDULES", "ENCODER_SYNCS", "FLEET_CODECS",
            "option_name", "SettingsError", "TrainSettings", "RunOptions", "ACTION_MAPS", "CUTS", "TRANSPORTS",
            "CODEC_NAMES", "CODEC_STREAMS", "VECTOR_MODES", "doc"]
 
@@ -283,7 +283,11 @@ class CodecSettings:
         return {"rollout": self.codec_rollout, "fwd": self.codec_fwd, "bwd": self.codec_bwd}
 
 
-SCHEDULES = ("sync", "pipelined", "async")
+SCHEDULES = ("sync", "pipelined", "async", "fleet")
+ENCODER_SYNCS = ("grad",)
+FLEET_CODECS = ("fp32", "bf16", "fp16", "int8", "relu")
+"""What a fleet's training features and gradients may go through: codecs without per-sample state, which
+would be split across the edges (the rollout stream takes any codec: its state is per env)."""
 
 
 @dataclass(frozen=True)
@@ -305,10 +309,19 @@ class ScheduleSettings:
     max_staleness: int = doc(
         1, "with --async: the most policy versions a sample may lag behind the policy that trains on it "
            "(0: none, the rollout waits for training)")
+    edges: int = doc(
+        1, "stage0 processes (edge devices) one stage1 serves, each stepping --num-envs envs; one policy: every "
+           "minibatch draws from all edges' samples (an iteration is num_steps x num_envs x edges samples)")
+    encoder_sync: str = doc(
+        "grad", "with --edges > 1, how the edges keep one encoder: 'grad' sums their encoder gradients through "
+                "stage1 every minibatch, so N edges x E envs train as 1 edge x N*E envs in N groups",
+        choices=ENCODER_SYNCS)
 
     @property
     def mode(self) -> str:
-        """'async', 'pipelined' (groups or micro-batches) or 'sync'."""
+        """'fleet' (several edges), 'async', 'pipelined' (groups or micro-batches) or 'sync'."""
+        if self.edges > 1:
+            return "fleet"
         if self.asynchronous:
             return "async"
         return "pipelined" if self.rollout_groups != "1" or self.microbatches != 1 else "sync"
@@ -336,6 +349,21 @@ class ScheduleSettings:
                        "a whole minibatch's rows")
         if self.max_staleness < 0:
             out.append(f"--max-staleness must be >= 0, got {self.max_staleness}")
+        if self.edges < 1:
+            out.append(f"--edges must be >= 1, got {self.edges}")
+        if self.encoder_sync not in ENCODER_SYNCS:
+            out.append(f"--encoder-sync must be one of {', '.join(ENCODER_SYNCS)}, got {self.encoder_sync!r}")
+        if self.edges > 1:
+            if self.rollout_groups != "1" or self.microbatches != 1 or self.asynchronous:
+                out.append("--edges > 1 runs the fleet's own schedule: --rollout-groups 1, --microbatches 1, "
+                           "no --async (the edges themselves are the groups)")
+            if codecs.exchange.partition(":")[0] != "features":
+                out.append("--edges > 1 works with --exchange features only")
+            odd = [f"--codec-{stream} {spec}" for stream, spec in specs.items()
+                   if stream != "rollout" and spec.partition(":")[0].partition("+")[0] not in FLEET_CODECS]
+            if odd:
+                out.append(f"--edges > 1 takes the training codecs {', '.join(FLEET_CODECS)} only (per-sample state "
+                           f"would be split across the edges): {', '.join(odd)}")
         if self.asynchronous:
             if codecs.exchange.partition(":")[0] != "features":
                 out.append("--async works with --exchange features only (the replica's view and its updates "
@@ -360,14 +388,29 @@ class TrainSettings:
 
     @property
     def steps_per_iteration(self) -> int:
-        return self.ppo.num_steps * self.env.num_envs
+        """Samples an iteration collects: every edge's envs' rollouts."""
+        return self.ppo.num_steps * self.total_envs
+
+    @property
+    def total_envs(self) -> int:
+        """The envs of all edges (`ScheduleSettings.edges` x `EnvSettings.num_envs`)."""
+        return self.env.num_envs * self.schedule.edges
+
+    def fleet_view(self) -> "TrainSettings":
+        """What stage1 of a fleet learns as: one edge with every edge's envs, each edge's a group (so a fleet of
+        N edges x E envs trains as 1 edge x N*E envs in N groups)."""
+        if self.schedule.edges == 1:
+            return self
+        return dataclasses.replace(
+            self, env=dataclasses.replace(self.env, num_envs=self.total_envs),
+            schedule=dataclasses.replace(self.schedule, edges=1, rollout_groups=str(self.schedule.edges)))
 
     @property
     def num_iterations(self) -> int:
         return self.total_steps // self.steps_per_iteration
 
     def errors(self) -> list[str]:
-        out = self.env.errors() + self.ppo.errors(self.env.num_envs) + self.codecs.errors(self.cut)
+        out = self.env.errors() + self.ppo.errors(self.total_envs) + self.codecs.errors(self.cut)
         minibatch = self.steps_per_iteration // self.ppo.minibatches if self.ppo.minibatches >= 1 else 0
         out += self.schedule.errors(self.env.num_envs, minibatch, self.codecs, self.cut)
         if self.cut not in CUTS:
@@ -377,17 +420,25 @@ class TrainSettings:
         if not out and self.num_iterations < 1:
             out.append(
                 f"--total-steps {self.total_steps} is less than one iteration "
-                f"(num_steps x num_envs = {self.steps_per_iteration})"
+                f"(num_steps x num_envs x edges = {self.steps_per_iteration})"
             )
         elif not out and self.total_steps % self.steps_per_iteration:
             size, below = self.steps_per_iteration, self.num_iterations * self.steps_per_iteration
             out.append(f"--total-steps {self.total_steps} is not a whole number of iterations of {size} steps "
-                       f"(num_steps x num_envs): use {below} or {below + size}")
+                       f"(num_steps x num_envs x edges): use {below} or {below + size}")
         return out
 
     def validate(self, options: "RunOptions | None" = None) -> "TrainSettings":
         """Raise one ValueError listing every problem (with ``options``' too), or return self."""
         problems = self.errors() + (options.errors() if options is not None else [])
+        if options is not None and options.edge_id >= self.schedule.edges:
+            problems.append(f"--edge-id {options.edge_id}: the fleet has --edges {self.schedule.edges} "
+                            f"(ids 0 .. {self.schedule.edges - 1})")
+        if options is not None and self.schedule.edges > 1:
+            if options.transport != "zmq":
+                problems.append(f"--edges > 1 runs over --transport zmq only, got {options.transport}")
+            if options.resume or options.rejoin:
+                problems.append("--resume and --rejoin of a fleet (--edges > 1) are not supported yet")
         if problems:
             raise SettingsError("invalid settings:\n  - " + "\n  - ".join(problems))
         return self
@@ -454,6 +505,8 @@ class RunOptions:
                          choices=TRANSPORTS, link=True)
     curve: str = doc("", "key directory (`splitrl keys DIR`): the link is encrypted with ZeroMQ CURVE, stage1 accepts "
                          "only the edge keys in DIR/authorized, stage0 only the server key DIR/stage1.key", link=True)
+    curve_name: str = doc("stage0", "stage0: which key pair of --curve DIR is this edge's (DIR/NAME.key_secret; "
+                                    "`splitrl keys DIR --name NAME` makes more, one per edge of a fleet)", link=True)
     insecure: bool = doc(False, "allow a link beyond this machine without --curve: anyone who reaches the ports can "
                                 "drive the learner or read the traffic", link=True)
     heartbeat: float = doc(5.0, "seconds after which a peer whose connection closed or went silent counts as dead "
@@ -461,6 +514,8 @@ class RunOptions:
     rejoin: float = doc(0.0, "stage1: when stage0 is lost mid-run, wait this many seconds for a restarted stage0 "
                              "(`--resume`) to continue from the newest checkpoint both hold (0: exit at once)",
                         link=True)
+    edge_id: int = doc(-1, "stage0 of a fleet (--edges > 1): which edge this is, 0 .. edges - 1 (stage1's port pair "
+                           "PORT + 2 x ID); -1: the first one free", link=True)
     eval_every: int = doc(0, "stage0: score the policy every N iterations (and after the last) on --eval-episodes "
                              "held-out episodes, as `splitrl eval` does; eval/return_mean and eval/return_std in "
                              "metrics.jsonl (0: never)")
@@ -499,6 +554,8 @@ class RunOptions:
             out.append("--rejoin needs --heartbeat > 0: that is how a lost stage0 is noticed")
         if self.vector not in VECTOR_MODES:
             out.append(f"--vector must be one of {', '.join(VECTOR_MODES)}, got {self.vector!r}")
+        if self.edge_id < -1:
+            out.append(f"--edge-id must be >= 0 (or -1: the first free), got {self.edge_id}")
         if self.eval_every < 0:
             out.append(f"--eval-every must be >= 0, got {self.eval_every}")
         if self.eval_episodes < 1:

@@ -47,5 +47,5 @@ def test_each_codec_option_lists_what_its_stream_accepts():
 def test_total_steps_must_be_whole_iterations_and_the_error_says_which():
     result = _run("train", "--total-steps", "50", "--num-steps", "32")
     assert result.exit_code == 2
-    assert "--total-steps 50 is not a whole number of iterations of 32 steps (num_steps x num_envs): use 32 or 64" \
+    assert "--total-steps 50 is not a whole number of iterations of 32 steps (num_steps x num_envs x edges): use 32 or 64" \
         in result.output

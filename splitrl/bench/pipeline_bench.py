@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import logging
 
-import signal
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..launch import progress, supervise
+from ..launch import progress, run_local
 from ..netem.tc import Shaping
 from ..runs import measured_records, read_metrics, summarise_run
 
@@ -72,16 +69,6 @@ def _summary(mode: str, rtt_ms: float, run_dir: Path) -> dict[str, Any]:
         "iterations_used": len(used),
         "run_dir": str(run_dir),
     }
-
-
-def _run_loopback(args: Sequence[str], run_dir: Path, timeout: float) -> None:
-    log = run_dir.parent / f"{run_dir.name}.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "splitrl", "run", "--run-dir", str(run_dir), *args],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        supervise([proc], grace=15.0, timeout=timeout, first_signal=signal.SIGINT, group=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{run_dir.name} failed (exit {proc.returncode}); its output: {log}")
 
 
 def _run_in_lab(args: Sequence[str], run_dir: Path, rtt_ms: float, rate: str, echo: Callable[[str], Any]) -> None:
@@ -134,7 +121,7 @@ def run_pipeline_bench(modes: Sequence[str] = tuple(MODES), rtts_ms: Sequence[fl
                 if rtt:
                     _run_in_lab(args, run_dir, rtt, rate, echo)
                 else:
-                    _run_loopback(args, run_dir, timeout)
+                    run_local(args, run_dir, timeout)
             rows.append(_summary(mode, rtt, run_dir))
             echo(f"  {rows[-1]['seconds_per_iteration']:.1f} s/iteration")
     return rows

@@ -206,6 +206,37 @@ def bench_vector(envs: str, samples: int, env_id: str, threads: int, json_path: 
     _write_json(json_path, rows)
 
 
+@bench.command("fleet")
+@click.option("--edges", "edge_counts", default="1,2,4", show_default=True, help="comma-separated edge counts")
+@click.option("--iterations", default=3, show_default=True, help="iterations per run (the first is left out)")
+@click.option("--num-steps", default=1024, show_default=True, help="each edge's env steps an iteration")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="keep the run directories here")
+@click.option("--table-only", is_flag=True, help="only print the table of the runs already in --out")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def bench_fleet(edge_counts: str, iterations: int, num_steps: int, out_dir: str | None, table_only: bool,
+                json_path: str | None, extra: tuple[str, ...]) -> None:
+    """Real edges on loopback, one stage1: samples/s at the learner, each process's busy fraction, bytes per edge.
+
+    Each edge steps one env; EXTRA arguments (after --) go to every run."""
+    from ..bench.fleet_bench import fleet_rows, fleet_table, run_fleet_bench
+
+    def go() -> list:
+        counts = [int(x) for x in edge_counts.split(",") if x.strip()]
+        if not counts or min(counts) < 1:
+            raise SettingsError(f"--edges: comma-separated counts >= 1, got {edge_counts!r}")
+        if table_only:
+            if not out_dir:
+                raise SettingsError("--table-only reads the runs in --out: give --out")
+            return fleet_rows(out_dir, counts)
+        return run_fleet_bench(counts, iterations, num_steps, extra, out_dir,
+                               echo=lambda line: click.echo(line, err=True))
+
+    rows = run_cli(go)
+    click.echo(fleet_table(rows))
+    _write_json(json_path, rows)
+
+
 @bench.command("fuzz")
 @click.option("--cases", default=100_000, show_default=True, help="mutated messages fed to the decoder")
 @click.option("--live", default=300, show_default=True,

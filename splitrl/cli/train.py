@@ -50,12 +50,13 @@ def train(settings: TrainSettings, options: RunOptions) -> None:
               help="where stage1 binds and stage0 connects, e.g. ipc:///tmp/link  [default: a free loopback tcp port pair]")
 @training_options
 def run(settings: TrainSettings, options: RunOptions, endpoint: str | None) -> None:
-    """Split training on this machine: stage1 and stage0 as two processes over loopback."""
+    """Split training on this machine: stage1 and stage0 as two processes over loopback (a stage0 per edge with
+    --edges N, each in RUN_DIR/edge-K)."""
     from ..launch import launch_split
 
     def go() -> int:
         stage_args, run_dir = stage_argv(settings, options)
-        return launch_split(stage_args, run_dir, endpoint=endpoint)
+        return launch_split(stage_args, run_dir, endpoint=endpoint, edges=settings.schedule.edges)
 
     sys.exit(run_cli(go))
 

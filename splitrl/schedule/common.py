@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -101,27 +101,32 @@ def stage0_finish(edge: Edge, exchange: EdgeExchange, link: Transport, clock: Ph
     return stats
 
 
-def stage1_finish(learner: Learner, exchange: LearnerExchange, link: Transport, busy: PhaseClock, iteration: int,
-                  schedule: list[list[torch.Tensor]], run_log: RunLog | None, cpu_start: float,
+def stage1_finish(learner: Learner, exchange: LearnerExchange, link: Transport | Sequence[Transport], busy: PhaseClock,
+                  iteration: int, schedule: list[list[torch.Tensor]], run_log: RunLog | None, cpu_start: float,
                   rollout: dict[str, Any]) -> None:
-    """After ``iter_end``: train alone if the cut is before the first layer, checkpoint, send the statistics."""
-    msg = expect(link, "iter_end", iteration=iteration)
+    """After ``iter_end`` (from every edge of a fleet, ``link`` a list): train alone if the cut is before the first
+    layer, checkpoint, send the statistics."""
+    links = list(link) if isinstance(link, (list, tuple)) else [link]
+    msgs = [expect(each, "iter_end", iteration=iteration) for each in links]
     if learner.trains_alone:
         for epoch, minibatches in enumerate(schedule):
             with busy("heads"):
                 stop = learner.train_alone(minibatches)
-            link.send("progress", header={"epoch": epoch})
+            for each in links:
+                each.send("progress", header={"epoch": epoch})
             if stop:  # the KL passed --target-kl
                 break
     stats = learner.iteration_stats()
     stats["time/heads"] = busy.seconds["heads"]
-    if msg.header.get("checkpoint") and run_log is not None:
+    if msgs[0].header.get("checkpoint") and run_log is not None:  # every edge's schedule says the same
         run_log.checkpoint(STAGE1, iteration, {**learner.state_dict(rollout), "exchange": exchange.state_dict()})
     stats["cpu/stage1"] = time.process_time() - cpu_start
-    link.send("iter_stats", header=stats)
-    if msg.header.get("eval") is True:  # stage0 scores the policy: it needs the heads
-        link.send("eval_heads", {name: p.detach() for name, p in learner.heads.state_dict().items()},
-                  {"iteration": iteration})
+    heads = None
+    for each, msg in zip(links, msgs):
+        each.send("iter_stats", header=stats)
+        if msg.header.get("eval") is True:  # stage0 scores the policy: it needs the heads
+            heads = heads or {name: p.detach() for name, p in learner.heads.state_dict().items()}
+            each.send("eval_heads", heads, {"iteration": iteration})
 
 
 def checkpoint_due(iteration: int, last: int, every: int) -> bool:
@@ -165,7 +170,8 @@ class IterationLog:
             "time/iteration": wall,
             "time/total": time.perf_counter() - self.run_start,
         }
-        record.update({k: v for k, v in stats.items() if k.startswith(("losses/", "cpu/", "async/", "eval/"))})
+        record.update({k: v for k, v in stats.items()
+                       if k.startswith(("losses/", "cpu/", "async/", "eval/", "fleet/"))})
         record.update(self.extra)
         # CPU seconds of this process in the iteration (in the twin, both stages share it).
         record["cpu/stage0"] = time.process_time() - self.cpu_start

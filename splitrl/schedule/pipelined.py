@@ -260,7 +260,7 @@ def stage1_train(learner: Learner, exchange: LearnerExchange, link: Transport, b
                 msg = expect(link, "train_fwd", epoch=epoch, mb=mb, j=j)
                 with busy("heads"):
                     tensors, header = exchange.learn(msg, part, idx if micro > 1 else None)
-                stop = mb == len(minibatches) - 1 and j == len(parts) - 1 and learner.stop_early(len(parts))
+                stop = mb == len(minibatches) - 1 and j == len(parts) - 1 and learner.stop_early()
                 link.send("train_bwd", tensors, {**header, "epoch": epoch, "mb": mb, "j": j,
                                                  **({"stop": True} if stop else {})})
             with busy("heads"):

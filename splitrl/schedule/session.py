@@ -15,8 +15,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import random
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +31,13 @@ from ..stages import LIMITS, STAGE0, STAGE1, Edge, Learner, edge_exchange, learn
 from ..stages.evaluate import Evaluation
 from ..transport import PeerAbort, PeerGone, ProtocolError, TcpTransport, Transport, TransportTimeout, ZmqTransport
 from ..transport.curve import client_keys, server_keys
-from ..transport.endpoints import is_local
+from ..transport.endpoints import is_local, slot_endpoint
 from ..transport.errors import peer_repr
 from ..transport.handshake import HandshakeError, answer_hello, handshake
 from ..transport.local import LocalTransport
-from . import asynchronous, pipelined, sync
+from . import asynchronous, fleet, pipelined, sync
 
-SCHEDULES = {"sync": sync, "pipelined": pipelined, "async": asynchronous}
+SCHEDULES = {"sync": sync, "pipelined": pipelined, "async": asynchronous, "fleet": fleet}
 """``settings.schedule.mode`` -> the module whose ``stage0_loop`` / ``stage1_loop`` run it."""
 
 __all__ = ["prepare", "open_link", "serve_stage0", "serve_stage1", "run_stage0", "run_stage1", "train_twin"]
@@ -123,7 +125,9 @@ def open_link(options: RunOptions, endpoint: str, *, bind: bool, peer: str) -> T
     if options.transport == "tcp":
         return TcpTransport(endpoint, bind=bind, timeout=options.timeout, limits=LIMITS, name=peer,
                             heartbeat=options.heartbeat)
-    keys = (server_keys(options.curve) if bind else client_keys(options.curve)) if options.curve else None
+    keys = None
+    if options.curve:
+        keys = server_keys(options.curve) if bind else client_keys(options.curve, options.curve_name)
     return ZmqTransport(endpoint, bind=bind, timeout=options.timeout, limits=LIMITS, name=peer,
                         heartbeat=options.heartbeat, curve=keys)
 
@@ -142,11 +146,13 @@ def check_exposure(options: RunOptions, endpoint: str, *, bind: bool) -> None:
                 "traffic", STAGE1 if bind else STAGE0, doing, endpoint)
 
 
-def make_edge(settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None, options: RunOptions) -> Edge:
-    """Stage0's compute, with as many rollout slots and acting copies as the schedule needs."""
+def make_edge(settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None, options: RunOptions,
+              edge: int = 0) -> Edge:
+    """Stage0's compute (edge ``edge`` of a fleet), with as many rollout slots and acting copies as the schedule
+    needs."""
     concurrent = settings.schedule.mode == "async"
     return Edge(settings, spec, run_log, vector=options.vector, acting_copy=concurrent,
-                slots=settings.schedule.max_staleness + 1 if concurrent else 1)
+                slots=settings.schedule.max_staleness + 1 if concurrent else 1, edge=edge)
 
 
 def make_evaluation(settings: TrainSettings, spec: EnvSpec, options: RunOptions) -> Evaluation | None:
@@ -155,9 +161,11 @@ def make_evaluation(settings: TrainSettings, spec: EnvSpec, options: RunOptions)
 
 
 def make_learner(settings: TrainSettings, spec: EnvSpec) -> Learner:
-    """Stage1's compute, with as many rollout slots and acting copies as the schedule needs."""
+    """Stage1's compute, with as many rollout slots and acting copies as the schedule needs; a fleet's learns as
+    one edge with all the edges' envs (`TrainSettings.fleet_view`)."""
     concurrent = settings.schedule.mode == "async"
-    return Learner(settings, spec, acting_copy=concurrent, slots=settings.schedule.max_staleness + 1 if concurrent else 1)
+    return Learner(settings.fleet_view(), spec, acting_copy=concurrent,
+                   slots=settings.schedule.max_staleness + 1 if concurrent else 1)
 
 
 def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, start_timeout: float | None = None,
@@ -167,8 +175,9 @@ def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, sta
     try:
         exchange = edge_exchange(edge)
         ours = checkpoint_iterations(edge.run_log.dir, STAGE0) if resume else []
-        hello = handshake(link, STAGE0, STAGE1, edge.settings.shared(), timeout=start_timeout,
-                          extra={"checkpoints": ours} if resume else None)
+        extra = {**({"checkpoints": ours} if resume else {}),
+                 **({"edge": edge.edge} if edge.settings.schedule.edges > 1 else {})}
+        hello = handshake(link, STAGE0, STAGE1, edge.settings.shared(), timeout=start_timeout, extra=extra or None)
         if resume:
             iteration = _resume_point(hello, ours)
             if iteration:
@@ -219,13 +228,62 @@ def serve_stage1(learner: Learner, link: Transport, run_log: RunLog | None = Non
     return served
 
 
+def join_fleet(options: RunOptions, connect: str, edges: int) -> tuple[Transport, int]:
+    """A fleet's edge: the link to stage1's port pair for ``--edge-id``, or without one the first pair whose
+    connections stage1 admits (a taken one refuses, `splitrl.transport.gate`; the search goes round the
+    edges, after a random pause, until ``--start-timeout``: edges that start together do not take turns
+    refusing each other forever). Returns (the link, the edge's id)."""
+    if options.edge_id >= 0:
+        where = slot_endpoint(connect, options.edge_id)
+        return open_link(options, where, bind=False, peer=f"stage1 at {where}"), options.edge_id
+    if not options.heartbeat:
+        raise SettingsError("a fleet's stage0 without --edge-id finds a free place by stage1's refusals, which need "
+                            "--heartbeat > 0: give --edge-id or a heartbeat")
+    deadline = time.monotonic() + options.start_timeout
+    rng = random.Random()
+    taken: set[int] = set()
+    slot = 0
+    while True:
+        where = slot_endpoint(connect, slot)
+        link = open_link(options, where, bind=False, peer=f"stage1 at {where}")
+        try:
+            if link.admitted(max(0.1, deadline - time.monotonic())):
+                return link, slot
+        except TransportTimeout:
+            link.close()
+            if not taken:
+                raise
+            raise TransportTimeout(f"every edge's place at stage1 at {connect} is taken (--edges {edges}; tried "
+                                   f"for {options.start_timeout:g} s)") from None
+        except BaseException:
+            link.close()
+            raise
+        link.close()
+        if slot not in taken:
+            log.info("[stage0] edge %d of stage1 at %s is taken; trying the others", slot, connect)
+            taken.add(slot)
+        if time.monotonic() >= deadline:
+            raise TransportTimeout(f"every edge's place at stage1 at {connect} is taken (--edges {edges}; tried for "
+                                   f"{options.start_timeout:g} s)")
+        slot = (slot + 1) % edges
+        time.sleep(rng.uniform(0.0, 0.5))
+
+
 def run_stage0(settings: TrainSettings, options: RunOptions, connect: str) -> list[dict[str, Any]]:
     check_exposure(options, connect, bind=False)
     spec, run_log = prepare(settings, options, STAGE0)
-    edge = make_edge(settings, spec, run_log, options)
+    edges = settings.schedule.edges
     try:
-        with open_link(options, connect, bind=False, peer=f"stage1 at {connect}") as link:
+        if edges > 1:
+            log.info("[stage0] joining the fleet of stage1 at %s", connect)
+            link, edge_id = join_fleet(options, connect, edges)
+            log.info("[stage0] edge %d of %d", edge_id, edges)
+        else:
+            edge_id = 0
             log.info("[stage0] connecting to stage1 at %s", connect)
+            link = open_link(options, connect, bind=False, peer=f"stage1 at {connect}")
+        with link:
+            edge = make_edge(settings, spec, run_log, options, edge_id)
             return serve_stage0(edge, link, checkpoint_every=options.checkpoint_every,
                                 start_timeout=options.start_timeout, resume=bool(options.resume),
                                 evaluation=make_evaluation(settings, spec, options))
@@ -233,9 +291,44 @@ def run_stage0(settings: TrainSettings, options: RunOptions, connect: str) -> li
         run_log.close()
 
 
+def serve_fleet(learner: Learner, links: list[Transport], settings: TrainSettings, run_log: RunLog | None = None, *,
+                start_timeout: float | None = None) -> int:
+    """Stage1 of a fleet: every edge's hello (edge g on ``links[g]``), then `fleet.stage1_loop` until all close."""
+    try:
+        exchange = learner_exchange(learner)
+        for g, link in enumerate(links):
+            hello = answer_hello(link, STAGE1, STAGE0, settings.shared(), timeout=start_timeout)
+            if hello.get("edge") != g:
+                raise HandshakeError(f"{link.peer}: edge {g}'s place, taken by a stage0 that says it is edge "
+                                     f"{peer_repr(hello.get('edge'))}")
+            log.info("[stage1] edge %d of %d connected", g, len(links))
+        served = fleet.stage1_loop(learner, exchange, links, run_log)
+    except BaseException as exc:
+        for link in links:
+            link.abort(f"stage1 failed: {type(exc).__name__}: {exc}")
+        raise
+    log.info("[stage1] the %d edges closed the session after iteration %d", len(links), served)
+    return served
+
+
+def run_fleet_stage1(settings: TrainSettings, options: RunOptions, bind: str, spec: EnvSpec, run_log: RunLog) -> int:
+    learner = make_learner(settings, spec)
+    links: list[Transport] = []
+    try:
+        for g in range(settings.schedule.edges):
+            links.append(open_link(options, slot_endpoint(bind, g), bind=True, peer=f"edge {g}"))
+        log.info("[stage1] listening for %d edges on %s (edge g: port + 2g)", len(links), links[0].endpoint)
+        return serve_fleet(learner, links, settings, run_log, start_timeout=options.start_timeout)
+    finally:
+        for link in links:
+            link.close()
+
+
 def run_stage1(settings: TrainSettings, options: RunOptions, bind: str) -> int:
     check_exposure(options, bind, bind=True)
     spec, run_log = prepare(settings, options, STAGE1)
+    if settings.schedule.edges > 1:
+        return run_fleet_stage1(settings, options, bind, spec, run_log)
     learner = make_learner(settings, spec)
     with open_link(options, bind, bind=True, peer="stage0") as link:
         log.info("[stage1] listening on %s (%s)", link.endpoint, options.transport)
@@ -260,6 +353,10 @@ def run_stage1(settings: TrainSettings, options: RunOptions, bind: str) -> int:
 
 def train_twin(settings: TrainSettings, options: RunOptions) -> list[dict[str, Any]]:
     """Both stages in this process over an in-process link: the no-network baseline."""
+    if settings.schedule.edges > 1:
+        raise SettingsError("the twin runs one edge: a fleet (--edges > 1) trains as one edge with every edge's envs "
+                            "in a rollout group each (--num-envs N x E --rollout-groups N), or split with "
+                            "`splitrl run --edges N`")
     spec, run_log = prepare(settings, options, "twin")
     learner = make_learner(settings, spec)
     edge = make_edge(settings, spec, run_log, options)

@@ -24,7 +24,25 @@ from ..stages.evaluate import Evaluation
 from ..transport import Transport
 from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish, stops
 
-__all__ = ["stage0_loop", "stage1_loop"]
+__all__ = ["stage0_loop", "stage1_loop", "stage0_rollout"]
+
+
+def stage0_rollout(edge: Edge, link: Transport, clock: PhaseClock, iteration: int) -> None:
+    """One rollout, one round trip per env step: features (with the last outcome) -> action, then
+    ``rollout_end``."""
+    edge.begin_rollout(iteration)
+    for t in range(edge.settings.ppo.num_steps):
+        with clock("encoder"):
+            tensors, header = edge.observe(t)
+        with clock("link"):
+            link.send("step", tensors, {**header, "t": t})
+            action = expect(link, "action", t=t)
+        with clock("env"):
+            edge.step(action)
+    with clock("encoder"):
+        end = edge.end_rollout()
+    with clock("link"):
+        link.send("rollout_end", *end)
 
 
 def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoint_every: int = 10,
@@ -38,19 +56,8 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
         metrics.start()
 
         # -- rollout: one round trip per env step ------------------------------------
-        edge.begin_rollout(iteration)
-        for t in range(s.ppo.num_steps):
-            with clock("encoder"):
-                tensors, header = edge.observe(t)
-            with clock("link"):
-                link.send("step", tensors, {**header, "t": t})
-                action = expect(link, "action", t=t)
-            with clock("env"):
-                edge.step(action)
-        with clock("encoder"):
-            end = edge.end_rollout()
+        stage0_rollout(edge, link, clock, iteration)
         with clock("link"):
-            link.send("rollout_end", *end)
             update = expect(link, "heads") if exchange.updates_after_rollout else None
         rollout = edge.rollout_summary()
         schedule = edge.begin_training(iteration)  # before the update: the replica reads this rollout's view

@@ -35,7 +35,7 @@ from ..ppo import anneal, minibatch_schedule
 from ..runs import RunLog
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
-from .protocol import Payload, tensor
+from .protocol import ENCODER_PREFIX, Payload, tensor
 
 __all__ = ["Edge", "EMA_DECAY"]
 
@@ -54,8 +54,12 @@ class Edge:
     """
 
     def __init__(self, settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None = None, *,
-                 vector: str = "auto", slots: int = 1, acting_copy: bool = False) -> None:
+                 vector: str = "auto", slots: int = 1, acting_copy: bool = False, edge: int = 0) -> None:
         self.settings, self.spec, self.run_log = settings, spec, run_log
+        self.edge = edge
+        """Which edge of a fleet this is (`ScheduleSettings.edges`): its envs are the fleet's envs
+        ``offset .. offset + num_envs - 1`` of `total_envs`, seeded, named and indexed as those."""
+        self.offset, self.total_envs = edge * settings.env.num_envs, settings.total_envs
         self.vector = choose_vector(vector, settings.env.num_envs)
         """'sync': the environments step in this process; 'async': in worker processes (`splitrl.envs.StepInTwo`)."""
         self.net, _ = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed,
@@ -126,7 +130,7 @@ class Edge:
                                            reward_gamma=s.ppo.gamma if s.ppo.norm_reward else None)
             self.envs.append(env)
             self.steppers.append(stepper)
-            obs = env.reset(seed=s.seed + int(envs[0]))[0]
+            obs = env.reset(seed=s.seed + self.offset + int(envs[0]))[0]
             self.next_obs.append(obs if self.saved_envs is None else restore_vector_env(env, self.saved_envs[g]))
         self.saved_envs = None
 
@@ -154,11 +158,12 @@ class Edge:
 
     def observe(self, t: int, g: int = 0) -> Payload:
         """Group ``g``'s step ``t`` message: its observation stored and encoded, after its last outcome."""
-        n, envs = self.settings.env.num_envs, self.groups[g]
+        envs = self.groups[g]
         obs = torch.as_tensor(to_chw(self.next_obs[g], self.stacked))
         self.obs[t, envs[0]: envs[-1] + 1] = obs
         tensors, header = self.outcome[g]
-        ctx = Context(idx=t * n + envs, envs=envs, global_step=self.global_step)
+        fleet_envs = self.offset + envs
+        ctx = Context(idx=t * self.total_envs + fleet_envs, envs=fleet_envs, global_step=self.global_step)
         self.codecs.pack("rollout", "features", self.encode(obs), ctx, tensors, header)
         return tensors, header
 
@@ -183,14 +188,14 @@ class Edge:
     def finish_step(self, g: int = 0) -> None:
         """Wait for group ``g``'s step; log finished episodes, keep the outcome for its next message."""
         self.next_obs[g], reward, terminated, truncated, info = self.envs[g].step(self.actions[g])
-        self.global_step += len(self.groups[g])
+        self.global_step += len(self.groups[g]) * self.settings.schedule.edges  # a fleet's edges step in lock step
         self._episodes(info, g)
         self.outcome[g] = self._outcome(reward, terminated, truncated, info, g)
 
     def end_rollout(self, g: int = 0) -> Payload:
         """Group ``g``'s ``rollout_end``: its last outcome and the features of the observation to bootstrap from."""
         tensors, header = self.outcome[g]
-        ctx = Context(envs=self.groups[g], global_step=self.global_step)
+        ctx = Context(envs=self.offset + self.groups[g], global_step=self.global_step)
         features = self.encode(to_chw(self.next_obs[g], self.stacked))
         self.codecs.pack("rollout", "features", features, ctx, tensors, header)
         self.outcome[g] = ({}, {})
@@ -208,7 +213,7 @@ class Edge:
             final = np.stack([info["final_obs"][i] for i in bootstrap])
             index = torch.as_tensor(bootstrap, dtype=torch.int64)  # within the group
             # Packed before the next step's features: stateful codecs see each env's frames in order.
-            ctx = Context(envs=self.groups[g][index], global_step=self.global_step)
+            ctx = Context(envs=self.offset + self.groups[g][index], global_step=self.global_step)
             self.codecs.pack("rollout", "final_features", self.encode(to_chw(final, self.stacked)), ctx, out, header)
             out["final_index"] = index
         return out, header
@@ -223,7 +228,7 @@ class Edge:
                 self.returns.append(r)
             if self.run_log is not None:
                 self.run_log.episode({"global_step": self.global_step, "iteration": self.iteration,
-                                      "env": int(self.groups[g][i]), "return": r, "length": length,
+                                      "env": self.offset + int(self.groups[g][i]), "return": r, "length": length,
                                       "ema_return": self.ema_return})
 
     def rollout_summary(self) -> dict[str, Any]:
@@ -246,7 +251,17 @@ class Edge:
         ppo = self.settings.ppo
         if self.optimizer is not None:
             anneal(self.optimizer, ppo.lr_encoder * ppo.lr_fraction(iteration, self.settings.num_iterations))
-        return minibatch_schedule(self.settings.seed, iteration, ppo.epochs, self.flat_obs.shape[0], ppo.minibatches)
+        return minibatch_schedule(self.settings.seed, iteration, ppo.epochs, self.settings.steps_per_iteration,
+                                  ppo.minibatches)
+
+    def own(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples of minibatch ``idx`` (indices ``t * total_envs + env`` over the fleet) that this edge
+        holds: (their fleet indices, their rows in this edge's rollout). Without a fleet, all of them."""
+        if self.total_envs == self.settings.env.num_envs:
+            return idx, idx
+        t, env = idx // self.total_envs, idx % self.total_envs - self.offset
+        mine = (env >= 0) & (env < self.settings.env.num_envs)
+        return idx[mine], t[mine] * self.settings.env.num_envs + env[mine]
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """The current encoder on the stored observations of samples ``idx``, with its graph."""
@@ -255,6 +270,17 @@ class Edge:
     def backward(self, out: torch.Tensor, grad: torch.Tensor) -> None:
         """Back-propagate the gradient stage1 sent for ``out`` (gradients accumulate until the step)."""
         torch.autograd.backward(out, grad)
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        """The encoder's gradients accumulated since the last step, by parameter name (zeros where the minibatch
+        held none of this edge's samples): a fleet's edges add theirs up through stage1 (``--encoder-sync grad``)."""
+        return {ENCODER_PREFIX + name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach()
+                for name, p in self.net.named_parameters()}
+
+    def set_gradients(self, msg: Message) -> None:
+        """Take the fleet's summed encoder gradients (stage1's ``encoder_grad``) as this step's."""
+        for name, p in self.net.named_parameters():
+            p.grad = tensor(msg, ENCODER_PREFIX + name, tuple(p.shape), p.dtype)
 
     def optimizer_step(self) -> None:
         nn.utils.clip_grad_norm_(self.params, self.settings.ppo.max_grad_norm)

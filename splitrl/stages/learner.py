@@ -32,7 +32,7 @@ from ..models import ActorCriticHeads, build_agent
 from ..ppo import RolloutBuffer, anneal, explained_variance, minibatch_schedule, ppo_loss
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
-from .protocol import Payload, tensor
+from .protocol import ENCODER_PREFIX, Payload, tensor
 
 __all__ = ["Learner"]
 
@@ -62,6 +62,8 @@ class Learner:
         self.train_buffer = self.buffers[0]
         """The rollout being trained on."""
         self.trains_alone = not any(True for _ in stage0_net.parameters())
+        self.encoder_shapes = {ENCODER_PREFIX + name: tuple(p.shape) for name, p in stage0_net.named_parameters()}
+        """The layers before the cut, as a fleet's edges send their gradients (`sum_gradients`)."""
         self.feature_dim = self.heads.critic[0].in_features
         # Stored rollout inputs: pixels when stage1 trains alone; with an acting copy, the features,
         # so that samples an older policy acted on can be scored by the one that trains.
@@ -79,6 +81,8 @@ class Learner:
         self.train_iteration = 0
         """The iteration being trained on."""
         self.stats: dict[str, list[float]] = defaultdict(list)
+        self._parts: dict[str, float] = {}
+        """The statistics of the minibatch being taken in parts, weighted by each part's share so far."""
         self.rollout_stats: dict[str, float] = {}
         """Statistics of the rollout being trained on, taken when its training begins."""
 
@@ -138,20 +142,33 @@ class Learner:
 
     def act(self, t: int, msg: Message, g: int = 0) -> Payload:
         """Record the outcome that rides on group ``g``'s step ``t``, then sample the policy's action."""
-        n, envs = self.settings.env.num_envs, self.groups[g]
-        rows = torch.arange(envs.start, envs.stop)
+        return self.act_groups(t, [(g, msg)])[0]
+
+    def act_groups(self, t: int, steps: list[tuple[int, Message]]) -> list[Payload]:
+        """`act` for several groups' step ``t`` messages (``(g, msg)``) with one forward of the heads (a fleet's
+        edges, batched as an inference server would); each group's actions are sampled in the order given."""
+        n, slot = self.settings.env.num_envs, self._slot(self.iteration)
+        inputs = []
         with torch.no_grad():
-            if t > 0:
-                self._record_outcome(t - 1, msg, g)
-            ctx = Context(idx=t * n + rows, envs=rows, global_step=self.global_step(t, g))
-            x = self._input(msg, ctx)
-            u, logprob, _, value = self.acting.get_action_and_value(x, generator=self.generator)
-        self.buffer.add(t, actions=u, logprobs=logprob, values=value, envs=envs)
-        slot = self._slot(self.iteration)
-        if self.inputs is not None:
-            self.inputs[slot][t, envs] = x
-        self.versions[slot][t, envs] = self._acting_version()
-        return {"action": self.acting.wire_action(u)}, {}
+            for g, msg in steps:
+                rows = torch.arange(self.groups[g].start, self.groups[g].stop)
+                if t > 0:
+                    self._record_outcome(t - 1, msg, g)
+                ctx = Context(idx=t * n + rows, envs=rows, global_step=self.global_step(t, g))
+                inputs.append(self._input(msg, ctx))
+            mean, value = self.acting.outputs(inputs[0] if len(inputs) == 1 else torch.cat(inputs))
+        payloads, start = [], 0
+        for (g, _), x in zip(steps, inputs):
+            envs, part = self.groups[g], slice(start, start + len(x))
+            start = part.stop
+            with torch.no_grad():
+                u, logprob, _, v = self.acting.evaluate(mean[part], value[part], generator=self.generator)
+            self.buffer.add(t, actions=u, logprobs=logprob, values=v, envs=envs)
+            if self.inputs is not None:
+                self.inputs[slot][t, envs] = x
+            self.versions[slot][t, envs] = self._acting_version()
+            payloads.append(({"action": self.acting.wire_action(u)}, {}))
+        return payloads
 
     def _acting_version(self) -> int:
         # Without a copy the heads act as they are: trained iteration - 1 times.
@@ -240,9 +257,10 @@ class Learner:
              minibatch: torch.Tensor | None = None) -> torch.Tensor:
         """The PPO loss of samples ``idx`` given the heads' outputs on their inputs; its statistics are kept.
 
-        ``minibatch``: the whole minibatch when ``idx`` is one micro-batch of it: advantages are
-        normalised over the minibatch and the loss weighted by the micro-batch's share, so the
-        micro-batches' gradients add up to the minibatch's.
+        ``minibatch``: the whole minibatch when ``idx`` is one part of it (a micro-batch, a fleet edge's
+        share): advantages are normalised over the minibatch and the loss and its statistics weighted by
+        the part's share, so the parts' gradients, and their statistics, add up to the minibatch's (the
+        statistics are kept once the minibatch is whole: `optimizer_step` or `stop_early`).
         """
         b, ppo = self.train_buffer, self.settings.ppo
         whole = idx if minibatch is None else minibatch
@@ -256,11 +274,32 @@ class Learner:
             clip_coef=ppo.clip_coef, vf_coef=ppo.vf_coef, ent_coef=ppo.ent_coef,
             clip_vloss=ppo.clip_vloss, norm_adv=False,
         )
+        if minibatch is None:
+            for key, v in stats.items():
+                self.stats[key].append(v)
+            return loss
+        share = len(idx) / len(minibatch)
         for key, v in stats.items():
+            self._parts[key] = self._parts.get(key, 0.0) + v * share
+        return loss * share
+
+    def _minibatch_done(self) -> None:
+        """The statistics of a minibatch taken in parts, as one entry (each is linear in the samples)."""
+        for key, v in self._parts.items():
             self.stats[key].append(v)
-        return loss if minibatch is None else loss * (len(idx) / len(minibatch))
+        self._parts.clear()
+
+    def sum_gradients(self, msgs: list[Message]) -> dict[str, torch.Tensor]:
+        """A fleet's encoder gradients (each edge's ``encoder_grad``), added up in edge order."""
+        total: dict[str, torch.Tensor] = {}
+        for msg in msgs:
+            for name, shape in self.encoder_shapes.items():
+                grad = tensor(msg, name, shape, torch.float32)
+                total[name] = grad.clone() if name not in total else total[name].add_(grad)
+        return total
 
     def optimizer_step(self) -> None:
+        self._minibatch_done()
         nn.utils.clip_grad_norm_(self.params, self.settings.ppo.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -274,13 +313,14 @@ class Learner:
             self.optimizer_step()
         return self.stop_early()
 
-    def stop_early(self, parts: int = 1) -> bool:
-        """CleanRL's ``--target-kl``: after an epoch, whether the approximate KL of its last minibatch (the mean
-        of its ``parts`` micro-batches' losses) exceeds the target, so that the iteration's epochs end here.
-        Stage1 decides and tells stage0 in the epoch's last ``train_bwd`` (or ``progress``) header: ``stop``."""
+    def stop_early(self) -> bool:
+        """CleanRL's ``--target-kl``: after an epoch, whether the approximate KL of its last minibatch exceeds the
+        target, so that the iteration's epochs end here. Stage1 decides and tells stage0 in the epoch's last
+        ``train_bwd`` (``encoder_grad`` in a fleet, ``progress`` when stage1 trains alone) header: ``stop``."""
+        self._minibatch_done()
         target = self.settings.ppo.target_kl
-        kls = self.stats["losses/approx_kl"][-parts:]
-        stop = target > 0 and bool(kls) and sum(kls) / len(kls) > target
+        kls = self.stats["losses/approx_kl"][-1:]
+        stop = target > 0 and bool(kls) and kls[0] > target
         if stop:
             self.stats["losses/early_stop"].append(1.0)
         return stop

@@ -21,6 +21,12 @@ Per iteration (the synchronous schedule, `splitrl.schedule.sync`, sends them in 
                                                                   scores the policy locally, --eval-every)
   the end   stage0 -> close
 
+A fleet (``--edges N``, `splitrl.schedule.fleet`) runs the synchronous session with every edge, and after
+each minibatch's ``train_bwd`` (an edge that holds none of the minibatch's samples sends no ``train_fwd``):
+
+            stage0 -> encoder_grad {<the encoder's gradients>} header {epoch, mb}
+            stage1 -> encoder_grad {<their sum over the edges>} header {epoch, mb[, stop]}
+
 The pipelined and asynchronous schedules (`splitrl.schedule.pipelined`,
 `splitrl.schedule.asynchronous`) send the same kinds with ``g`` (the env group) in
 the rollout's headers, ``j`` (the micro-batch) in training's and ``v`` (the acting
@@ -49,17 +55,20 @@ import torch
 
 from ..transport import Message, ProtocolError, WireLimits
 
-__all__ = ["STAGE0", "STAGE1", "KINDS", "LIMITS", "Payload", "tensor"]
+__all__ = ["STAGE0", "STAGE1", "KINDS", "LIMITS", "ENCODER_PREFIX", "Payload", "tensor"]
 
 STAGE0 = "stage0"
 STAGE1 = "stage1"
 
 KINDS = frozenset(
     {"step", "action", "rollout_end", "heads", "train_fwd", "train_bwd", "iter_end", "progress", "iter_stats", "close",
-     "ping", "pong", "plan", "eval_heads"}
+     "ping", "pong", "plan", "eval_heads", "encoder_grad"}
 )
 
 LIMITS = WireLimits(kinds=KINDS)
+
+ENCODER_PREFIX = "encoder."
+"""``encoder_grad``'s tensors: the encoder's parameter names after this (a tensor name starts with a letter)."""
 
 Payload = tuple[dict[str, torch.Tensor], dict[str, Any]]
 """A message's tensors and header, as a stage computes them and a schedule sends them."""

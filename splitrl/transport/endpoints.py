@@ -13,7 +13,7 @@ import re
 import socket
 from dataclasses import dataclass
 
-__all__ = ["TcpEndpoint", "parse_tcp_endpoint", "require_tcp_endpoint", "is_local"]
+__all__ = ["TcpEndpoint", "parse_tcp_endpoint", "require_tcp_endpoint", "is_local", "slot_endpoint"]
 
 _TCP_RE = re.compile(r"tcp://(?P<host>\[[^\]]+\]|[^:/\[\]]+):(?P<port>\d+|\*)\Z")
 
@@ -73,3 +73,19 @@ def is_local(endpoint: str) -> bool:
     except OSError:
         return False
     return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+
+
+def slot_endpoint(endpoint: str, slot: int) -> str:
+    """Where edge ``slot`` of a fleet meets stage1: ``tcp://HOST:PORT + 2 x slot`` (each edge a port pair), or
+    ``-slot`` appended to an ipc:// or inproc:// name; slot 0 is ``endpoint`` itself."""
+    if slot == 0:
+        return endpoint
+    tcp = parse_tcp_endpoint(endpoint)
+    if tcp is not None:
+        if tcp.port == 0 or tcp.port + 2 * slot + 1 > 65535:
+            raise ValueError(f"{endpoint}: a fleet's edge {slot} needs port {tcp.port} + {2 * slot} and the one "
+                             "after it (a fixed port, the fleet's ports in range)")
+        return tcp.with_port(tcp.port + 2 * slot)
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return f"{endpoint}-{slot}"
+    raise ValueError(f"unsupported endpoint {endpoint!r} for a fleet: use tcp://HOST:PORT or ipc://PATH")

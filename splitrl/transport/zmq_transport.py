@@ -41,6 +41,17 @@ _GATE_CHECK_EVERY = 0.2
 _ZERO_COPY_BYTES = zmq.COPY_THRESHOLD
 """Frames at least this large are sent zero-copy; smaller ones are cheaper to copy."""
 
+def _drained(monitor: zmq.Socket | None) -> list[dict[str, Any]]:
+    """The events a socket monitor holds now (none for no monitor)."""
+    events = []
+    while monitor is not None:
+        try:
+            events.append(recv_monitor_message(monitor, zmq.NOBLOCK))
+        except zmq.Again:
+            break
+    return events
+
+
 def paired_endpoint(endpoint: str) -> str:
     """The endpoint of the peer-to-binder direction's twin: tcp port + 1, or ``-r`` appended."""
     tcp = parse_tcp_endpoint(endpoint, wildcard_port=True)
@@ -120,6 +131,9 @@ class ZmqTransport(Transport):
         # succeeded (a stopped process still completes TCP connects, and a key CURVE refuses completes none)
         # and gone only after one has; a refusal by the binder's `Gate` is final.
         self._monitor = self._pull.get_monitor_socket(_LINK_EVENTS) if heartbeat > 0 and not bind else None
+        # The sending socket's connection too, for `admitted` (a binder admits each socket's connection apart).
+        self._push_monitor = self._push.get_monitor_socket(_LINK_EVENTS) if heartbeat > 0 and not bind else None
+        self._push_joined = False
         self._joined = False
         self._early_drops = 0  # connections closed before any handshake succeeded
         self._refused: int | None = None
@@ -217,7 +231,7 @@ class ZmqTransport(Transport):
         poller = self._poller(self._pull, zmq.POLLIN)
         while True:
             ready = dict(poller.poll(self._poll_ms(min(deadline, next_line))))
-            if self._monitor is not None and self._monitor in ready:
+            if self._monitor in ready or self._push_monitor in ready:
                 self._link_events()
             if self._pull in ready:
                 try:
@@ -241,7 +255,7 @@ class ZmqTransport(Transport):
         poller = self._poller(self._push, zmq.POLLOUT)
         while True:
             ready = dict(poller.poll(self._poll_ms(deadline)))
-            if self._monitor is not None and self._monitor in ready:
+            if self._monitor in ready or self._push_monitor in ready:
                 self._link_events()
             if self._push in ready:
                 return
@@ -249,12 +263,32 @@ class ZmqTransport(Transport):
             if time.monotonic() >= deadline:
                 raise TransportTimeout(f"could not send to {self.peer} within {timeout:g} s (is it running?)")
 
-    def _poller(self, sock: zmq.Socket, event: int) -> zmq.Poller:
+    def _poller(self, sock: zmq.Socket | None, event: int) -> zmq.Poller:
         poller = zmq.Poller()
-        poller.register(sock, event)
-        if self._monitor is not None:
-            poller.register(self._monitor, zmq.POLLIN)
+        if sock is not None:
+            poller.register(sock, event)
+        for monitor in (self._monitor, self._push_monitor):
+            if monitor is not None:
+                poller.register(monitor, zmq.POLLIN)
         return poller
+
+    def admitted(self, timeout: float) -> bool:
+        """Connecting side (with a heartbeat): whether the binder admits both our connections (True) or refused
+        one (False; this transport is then done), once it has said; `TransportTimeout` after ``timeout``."""
+        if self._monitor is None or self._push_monitor is None:
+            raise ValueError("admitted() is for a connecting ZmqTransport with a heartbeat (its monitors)")
+        deadline = time.monotonic() + timeout
+        poller = self._poller(None, 0)
+        while True:
+            self._link_events()
+            if self._refused is not None:
+                return False
+            if self._joined and self._push_joined:
+                return True
+            if time.monotonic() >= deadline:
+                raise TransportTimeout(f"{self.peer} did not admit or refuse this connection within {timeout:g} s "
+                                       "(is it running?)")
+            poller.poll(self._poll_ms(deadline))
 
     def _poll_ms(self, until: float) -> int:
         """How long one poll may block: to ``until``, but no longer than liveness needs to look again."""
@@ -299,12 +333,7 @@ class ZmqTransport(Transport):
         return f"{self.peer} refused this connection: {why.get(self._refused, f'ZAP status {self._refused}')}"
 
     def _link_events(self) -> None:
-        assert self._monitor is not None
-        while True:
-            try:
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        for event in _drained(self._monitor):
             kind = event["event"]
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._joined = True
@@ -316,13 +345,22 @@ class ZmqTransport(Transport):
                     self._early_drops += 1
                 elif self._gone_since is None:
                     self._gone_since = time.monotonic()
+        for event in _drained(self._push_monitor):  # the sending socket: admitted or refused (liveness is the pull's)
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._push_joined = True
+            elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._refused = event["value"]
 
     def _close(self) -> None:
         if self.gate is not None:
             self.gate.stop()
-        if self._monitor is not None:
-            self._pull.disable_monitor()
-            self._monitor.close()
+        # Both monitors off before either reading end closes (see `Gate.stop`: libzmq's blocking monitor sends).
+        for sock, monitor in ((self._pull, self._monitor), (self._push, self._push_monitor)):
+            if monitor is not None:
+                sock.disable_monitor()
+        for monitor in (self._monitor, self._push_monitor):
+            if monitor is not None:
+                monitor.close()
         self._pull.close()
         self._push.close()
         if self._own_ctx is not None:
