@@ -73,8 +73,6 @@ class Learner:
         self.versions = [torch.zeros((t, n), dtype=torch.int64) for _ in range(slots)]
         """The policy version that acted on each sample (training iterations done before it)."""
         self.last_values = [torch.zeros(n) for _ in range(slots)]
-        self.last_inputs = [torch.zeros(keep[1:], dtype=keep_dtype) for _ in range(slots)] if keep else None
-        self.last_versions = [torch.zeros(n, dtype=torch.int64) for _ in range(slots)]
         self.codecs = CodecSet(**settings.codecs.specs())
         self.iteration = 0
         """The iteration being collected."""
@@ -183,9 +181,6 @@ class Learner:
             ctx = Context(envs=rows, global_step=self.global_step(ppo.num_steps, g))
             x, slot = self._input(msg, ctx), self._slot(self.iteration)
             self.last_values[slot][self.groups[g]] = self.acting.get_value(x)
-        self.last_versions[slot][self.groups[g]] = self._acting_version()
-        if self.last_inputs is not None:
-            self.last_inputs[slot][self.groups[g]] = x
 
     def _record_outcome(self, step: int, msg: Message, g: int) -> None:
         envs = self.groups[g]
@@ -208,50 +203,45 @@ class Learner:
         """Advantages and returns of ``iteration``'s rollout; its minibatch indices per epoch (as on stage0).
 
         Samples an older policy acted on than the one training (the asynchronous
-        schedule: version < iteration - 1) are scored again by the heads that train,
-        on the features the rollout sent: their values become the current critic's
-        and their value targets get truncated importance weights min(1, pi / mu)
-        (`splitrl.ppo.compute_gae`); PPO's ratio stays against mu, the log-probability
-        that acted. The encoder's own lag is not corrected: scoring with the current
-        encoder would need another pass of those samples across the link.
+        schedule: version < iteration - 1) get truncated importance weights min(1, pi / mu)
+        on their value targets (`splitrl.ppo.compute_gae`), pi scored by the heads that
+        train on the features the rollout sent; PPO's ratio stays against mu, the
+        log-probability that acted. Their values stay the acting network's: the heads
+        that train paired with features of the older encoder that the rollout sent are no
+        network that ever was, and on CarRacing their values differed from the acting ones
+        by about a quarter of a normalised return, enough noise to stall learning
+        (docs/results/pipeline.md, "Learning"). Scoring with the current encoder would need
+        another pass of those samples across the link.
         """
         ppo, slot = self.settings.ppo, self._slot(iteration)
         self.train_iteration = iteration
         anneal(self.optimizer, ppo.lr_heads * ppo.lr_fraction(iteration, self.settings.num_iterations))
         self.train_buffer = buffer = self.buffers[slot]
         lag = (iteration - 1) - self.versions[slot]
-        weights, last_values = None, self.last_values[slot]
+        weights = None
         if bool((lag > 0).any()):
-            stale = lag > 0
-            logprob, value = self._score(self.inputs[slot], buffer.actions)
-            weights = torch.where(stale, (logprob - buffer.logprobs).exp().clamp(max=1.0), torch.ones_like(logprob))
-            buffer.values[stale] = value[stale]
-            last_stale = (iteration - 1) - self.last_versions[slot] > 0
-            _, last_value = self._score(self.last_inputs[slot][None], None)
-            last_values = torch.where(last_stale, last_value[0], last_values)
-        buffer.finish(last_values, ppo.gamma, ppo.gae_lambda, weights)
+            logprob = self._logprobs(self.inputs[slot], buffer.actions)
+            weights = torch.where(lag > 0, (logprob - buffer.logprobs).exp().clamp(max=1.0), torch.ones_like(logprob))
+        buffer.finish(self.last_values[slot], ppo.gamma, ppo.gae_lambda, weights)
         # Now, not at the iteration's end: by then the next rollout may be writing this slot.
         self.rollout_stats = {"losses/explained_variance": explained_variance(buffer.b_values, buffer.b_returns)}
         if self.acting is not self.heads:
             self.rollout_stats.update({"async/staleness_mean": float(lag.float().mean()),
                                        "async/staleness_max": float(lag.max())})
+            if weights is not None:  # how far the lagging samples' policy is from the one that trains
+                self.rollout_stats["async/weight_mean"] = float(weights[lag > 0].mean())
         self.codecs.new_iteration("fwd", "bwd")
         return minibatch_schedule(self.settings.seed, iteration, ppo.epochs, buffer.batch_size, ppo.minibatches)
 
-    def _score(self, inputs: torch.Tensor, actions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The training heads' (log-prob of ``actions``, value) for stored inputs shaped (T, N, ...), by rows."""
+    def _logprobs(self, inputs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """The training heads' log-probability of ``actions`` on stored inputs shaped (T, N, ...), by rows."""
         t, n = inputs.shape[:2]
         flat = inputs.reshape((t * n,) + inputs.shape[2:])
-        flat_actions = None if actions is None else actions.reshape((t * n,) + actions.shape[2:])
-        logprobs, values = [], []
+        flat_actions = actions.reshape((t * n,) + actions.shape[2:])
         with torch.no_grad():
-            for rows in torch.arange(t * n).split(512):
-                mean, value = self.heads.outputs(flat[rows])
-                if flat_actions is not None:
-                    logprobs.append(self.heads.evaluate(mean, value, flat_actions[rows])[1])
-                values.append(value)
-        logprob = torch.cat(logprobs).reshape(t, n) if logprobs else torch.empty(0)
-        return logprob, torch.cat(values).reshape(t, n)
+            logprobs = [self.heads.evaluate(*self.heads.outputs(flat[rows]), flat_actions[rows])[1]
+                        for rows in torch.arange(t * n).split(512)]
+        return torch.cat(logprobs).reshape(t, n)
 
     def loss(self, idx: torch.Tensor, mean: torch.Tensor, value: torch.Tensor,
              minibatch: torch.Tensor | None = None) -> torch.Tensor:
