@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import SettingsError
 
-__all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "Exchange", "EXCHANGES", "ScheduleSettings", "SCHEDULES", "ENCODER_SYNCS", "FLEET_CODECS",
+__all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "Exchange", "EXCHANGES", "ScheduleSettings", "SCHEDULES", "ENCODER_SYNCS", "EncoderSync", "FLEET_CODECS",
            "option_name", "SettingsError", "TrainSettings", "RunOptions", "ACTION_MAPS", "CUTS", "TRANSPORTS",
            "CODEC_NAMES", "CODEC_STREAMS", "VECTOR_MODES", "doc"]
 
@@ -181,6 +181,60 @@ OUTPUT_CODECS = ("fp32", "bf16", "fp16", "int8")
 """The dense codecs that carry the replica exchange's per-sample outputs and their gradient."""
 
 
+def _named_params(cls: type, spec: str, option: str, names: tuple[str, ...],
+                  with_params: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
+    """``NAME[:key=value,...]`` read against the fields of ``cls`` (all but ``name``); only the names in
+    ``with_params`` take parameters, and a ``sync`` parameter names a dense codec (`SYNC_MODES`).
+    SettingsError naming what is wrong."""
+    name, _, params = spec.strip().partition(":")
+    if name not in names:
+        raise SettingsError(f"{option} {spec!r}: unknown {option[2:].replace('-', ' ')} {name!r} "
+                            f"(one of {', '.join(names)})")
+    known = {f.name: f.type for f in dataclasses.fields(cls) if f.name != "name"} if name in with_params else {}
+    values: dict[str, Any] = {}
+    for item in filter(None, params.split(",")):
+        key, eq, raw = (part.strip() for part in item.partition("="))
+        if not eq or key not in known:
+            raise SettingsError(f"{option} {spec!r}: unknown parameter {item!r} for {name!r} "
+                                f"(parameters: {', '.join(known) or 'none'})")
+        try:
+            values[key] = int(raw) if known[key] in (int, "int") else raw
+        except ValueError:
+            raise SettingsError(f"{option} {spec!r}: {key}={raw!r} is not a whole number") from None
+    if values.get("sync", SYNC_MODES[-1]) not in SYNC_MODES:  # a weight sync's codec (`WeightSync`)
+        raise SettingsError(f"{option} {spec!r}: sync must be one of {', '.join(SYNC_MODES)}")
+    return name, values
+
+
+@dataclass(frozen=True)
+class EncoderSync:
+    """How a fleet's edges keep one encoder, parsed from ``--encoder-sync NAME[:key=value,...]``.
+
+    ``grad``: every minibatch, the edges' encoder gradients are summed through stage1 and every edge
+    steps with the sum (exact). ``avg``: each edge steps with its own share's gradient, and after every
+    ``every``-th minibatch (and each epoch's last) the edges' weights are averaged through stage1, their
+    changes since the last average travelling as ``sync`` (`splitrl.stages.weights.WeightSync`).
+    """
+
+    name: str = "grad"
+    every: int = 8
+    """avg: minibatches between averages (counted over the iteration; each epoch's last averages too)."""
+    sync: str = "int8"
+    """avg: how the weight changes travel (fp32, bf16 or int8 with one scale per row)."""
+
+    @classmethod
+    def parse(cls, spec: str) -> "EncoderSync":
+        name, values = _named_params(cls, spec, "--encoder-sync", ENCODER_SYNCS, with_params=("avg",))
+        sync = cls(name, **values)
+        if sync.every < 1:
+            raise SettingsError(f"--encoder-sync {spec!r}: every must be >= 1, got {sync.every}")
+        return sync
+
+    def due(self, epoch: int, mb: int, minibatches: int) -> bool:
+        """Whether the edges average after minibatch (epoch, mb)."""
+        return mb == minibatches - 1 or (epoch * minibatches + mb + 1) % self.every == 0
+
+
 @dataclass(frozen=True)
 class Exchange:
     """What crosses the cut in training, parsed from ``--exchange NAME[:key=value,...]``.
@@ -201,23 +255,8 @@ class Exchange:
     @classmethod
     def parse(cls, spec: str) -> "Exchange":
         """ValueError naming what is wrong."""
-        name, _, params = spec.strip().partition(":")
-        if name not in EXCHANGES:
-            raise SettingsError(f"--exchange {spec!r}: unknown exchange {name!r} (one of {', '.join(EXCHANGES)})")
-        known = {f.name: f.type for f in dataclasses.fields(cls) if f.name != "name"} if name == "replica" else {}
-        values: dict[str, Any] = {}
-        for item in filter(None, params.split(",")):
-            key, eq, raw = (part.strip() for part in item.partition("="))
-            if not eq or key not in known:
-                raise SettingsError(f"--exchange {spec!r}: unknown parameter {item!r} for {name!r} "
-                                 f"(parameters: {', '.join(known) or 'none'})")
-            try:
-                values[key] = int(raw) if known[key] in (int, "int") else raw
-            except ValueError:
-                raise SettingsError(f"--exchange {spec!r}: {key}={raw!r} is not a whole number") from None
+        name, values = _named_params(cls, spec, "--exchange", EXCHANGES, with_params=("replica",))
         exchange = cls(name, **values)
-        if exchange.sync not in SYNC_MODES:
-            raise SettingsError(f"--exchange {spec!r}: sync must be one of {', '.join(SYNC_MODES)}")
         for key in ("last_every", "all_every"):
             if getattr(exchange, key) < 0:
                 raise SettingsError(f"--exchange {spec!r}: {key} must be >= 0, got {getattr(exchange, key)}")
@@ -284,7 +323,7 @@ class CodecSettings:
 
 
 SCHEDULES = ("sync", "pipelined", "async", "fleet")
-ENCODER_SYNCS = ("grad",)
+ENCODER_SYNCS = ("grad", "avg")
 FLEET_CODECS = ("fp32", "bf16", "fp16", "int8", "relu")
 """What a fleet's training features and gradients may go through: codecs without per-sample state, which
 would be split across the edges (the rollout stream takes any codec: its state is per env)."""
@@ -314,8 +353,9 @@ class ScheduleSettings:
            "minibatch draws from all edges' samples (an iteration is num_steps x num_envs x edges samples)")
     encoder_sync: str = doc(
         "grad", "with --edges > 1, how the edges keep one encoder: 'grad' sums their encoder gradients through "
-                "stage1 every minibatch, so N edges x E envs train as 1 edge x N*E envs in N groups",
-        choices=ENCODER_SYNCS)
+                "stage1 every minibatch, so N edges x E envs train as 1 edge x N*E envs in N groups; "
+                "'avg[:every=K,sync=int8|bf16|fp32]' lets each edge step alone and averages their weights "
+                "through stage1 every K minibatches (default 8) and at each epoch's end, for thin links")
 
     @property
     def mode(self) -> str:
@@ -325,6 +365,9 @@ class ScheduleSettings:
         if self.asynchronous:
             return "async"
         return "pipelined" if self.rollout_groups != "1" or self.microbatches != 1 else "sync"
+
+    def parsed_encoder_sync(self) -> EncoderSync:
+        return EncoderSync.parse(self.encoder_sync)
 
     def groups(self, num_envs: int) -> int | None:
         """The number of env groups (None for 'auto', decided once the round trip is measured)."""
@@ -351,8 +394,10 @@ class ScheduleSettings:
             out.append(f"--max-staleness must be >= 0, got {self.max_staleness}")
         if self.edges < 1:
             out.append(f"--edges must be >= 1, got {self.edges}")
-        if self.encoder_sync not in ENCODER_SYNCS:
-            out.append(f"--encoder-sync must be one of {', '.join(ENCODER_SYNCS)}, got {self.encoder_sync!r}")
+        try:
+            EncoderSync.parse(self.encoder_sync)
+        except SettingsError as exc:
+            out.append(str(exc))
         if self.edges > 1:
             if self.rollout_groups != "1" or self.microbatches != 1 or self.asynchronous:
                 out.append("--edges > 1 runs the fleet's own schedule: --rollout-groups 1, --microbatches 1, "

@@ -12,7 +12,11 @@ pair ``PORT + 2 x edge``, docs/PROTOCOL.md section 15); stage1 serves them all i
    (`Edge.own`; none when it holds no sample of it); stage1 takes the loss of each share,
    weighted by its size, and steps once; then every edge sends its encoder's gradients
    (``encoder_grad``), stage1 adds them up and sends the sum back, and every edge steps
-   with it (``--encoder-sync grad``): the edges keep one encoder;
+   with it (``--encoder-sync grad``): the edges keep one encoder. With ``--encoder-sync avg``
+   each edge steps with its own share's gradient instead, and after every K-th minibatch
+   (and each epoch's last) the edges send their encoder's change since the last average
+   (``encoder_avg``, through a dense codec), stage1 sends back their mean, and every edge
+   adds it to the encoder they last agreed on: one encoder again, at a fraction of the bytes;
 3. iteration end: ``iter_end`` from every edge, the same ``iter_stats`` to each.
 
 Stage1 learns as one edge with every edge's envs, each edge's envs a group
@@ -51,8 +55,9 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
         rollout = edge.rollout_summary()
         schedule = edge.begin_training(iteration)
 
-        # -- training: this edge's share of every minibatch, the fleet's gradient ---------
+        # -- training: this edge's share of every minibatch, the fleet's gradient (or average) --
         if edge.trains:
+            sync = s.schedule.parsed_encoder_sync()
             for epoch, minibatches in enumerate(schedule):
                 for mb, idx in enumerate(minibatches):
                     fleet_idx, rows = edge.own(idx)
@@ -68,13 +73,29 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
                             grad = exchange.grad(sent, reply)
                         with clock("encoder"):
                             edge.backward(sent.out, grad)
-                    with clock("link"):
-                        link.send("encoder_grad", edge.gradients(), {"epoch": epoch, "mb": mb})
-                        summed = expect(link, "encoder_grad", epoch=epoch, mb=mb)
-                    stop = stops(summed, mb == len(minibatches) - 1)
-                    with clock("encoder"):
-                        edge.set_gradients(summed)
-                        edge.optimizer_step()
+                    last = mb == len(minibatches) - 1
+                    if sync.name == "grad":  # every edge steps with the fleet's gradient
+                        with clock("link"):
+                            link.send("encoder_grad", edge.gradients(), {"epoch": epoch, "mb": mb})
+                            summed = expect(link, "encoder_grad", epoch=epoch, mb=mb)
+                        stop = stops(summed, last)
+                        with clock("encoder"):
+                            edge.set_gradients(summed)
+                            edge.optimizer_step()
+                        continue
+                    if len(rows):  # avg: each edge steps with its own share's gradient ...
+                        with clock("encoder"):
+                            edge.optimizer_step()
+                    stop = False
+                    if sync.due(epoch, mb, len(minibatches)):  # ... and now and then the edges average
+                        with clock("codec"):
+                            change = edge.encoder_change(sync.sync)
+                        with clock("link"):
+                            link.send("encoder_avg", change, {"epoch": epoch, "mb": mb})
+                            mean = expect(link, "encoder_avg", epoch=epoch, mb=mb)
+                        stop = stops(mean, last)
+                        with clock("codec"):
+                            edge.take_average(mean)
                 if stop:  # stage1 saw the KL pass --target-kl
                     break
 
@@ -92,6 +113,7 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, links: Sequence[Tra
     s = learner.settings
     edges, per_edge = len(links), s.env.num_envs // len(links)
     learner.set_groups(edges)  # edge g's envs are group g
+    sync = s.schedule.parsed_encoder_sync()
     for iteration in range(learner.train_iteration + 1, s.num_iterations + 1):
         busy = PhaseClock()
         cpu_start = time.process_time()
@@ -129,11 +151,19 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, links: Sequence[Tra
                     with busy("heads"):
                         learner.optimizer_step()
                     stop = mb == len(minibatches) - 1 and learner.stop_early()
-                    grads = [expect(link, "encoder_grad", epoch=epoch, mb=mb) for link in links]
-                    with busy("heads"):
-                        summed = learner.sum_gradients(grads)
-                    for link in links:
-                        link.send("encoder_grad", summed, {"epoch": epoch, "mb": mb, **({"stop": True} if stop else {})})
+                    said = {"epoch": epoch, "mb": mb, **({"stop": True} if stop else {})}
+                    if sync.name == "grad":
+                        grads = [expect(link, "encoder_grad", epoch=epoch, mb=mb) for link in links]
+                        with busy("heads"):
+                            summed = learner.sum_gradients(grads)
+                        for link in links:
+                            link.send("encoder_grad", summed, said)
+                    elif sync.due(epoch, mb, len(minibatches)):
+                        changes = [expect(link, "encoder_avg", epoch=epoch, mb=mb) for link in links]
+                        with busy("heads"):
+                            mean = learner.average_encoders(changes, sync.sync)
+                        for link in links:
+                            link.send("encoder_avg", mean, said)
                 if stop:
                     break
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..codecs import CodecSet, Context
+from ..codecs import CodecError, CodecSet, Context
 from ..envs import EnvSpec, choose_vector, make_vector_env, restore_vector_env, to_chw, vector_env_state
 from ..models import build_agent
 from ..ppo import anneal, minibatch_schedule
@@ -36,6 +36,7 @@ from ..runs import RunLog
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
 from .protocol import ENCODER_PREFIX, Payload, tensor
+from .weights import WeightSync
 
 __all__ = ["Edge", "EMA_DECAY"]
 
@@ -60,6 +61,8 @@ class Edge:
         """Which edge of a fleet this is (`ScheduleSettings.edges`): its envs are the fleet's envs
         ``offset .. offset + num_envs - 1`` of `total_envs`, seeded, named and indexed as those."""
         self.offset, self.total_envs = edge * settings.env.num_envs, settings.total_envs
+        self.encoder_average: WeightSync | None = None
+        """``--encoder-sync avg``: the encoder as the fleet last agreed on it (`encoder_change`, `take_average`)."""
         self.vector = choose_vector(vector, settings.env.num_envs)
         """'sync': the environments step in this process; 'async': in worker processes (`splitrl.envs.StepInTwo`)."""
         self.net, _ = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed,
@@ -281,6 +284,27 @@ class Edge:
         """Take the fleet's summed encoder gradients (stage1's ``encoder_grad``) as this step's."""
         for name, p in self.net.named_parameters():
             p.grad = tensor(msg, ENCODER_PREFIX + name, tuple(p.shape), p.dtype)
+
+    def encoder_change(self, mode: str) -> dict[str, torch.Tensor]:
+        """``encoder_avg``'s parts: this edge's encoder's change since the fleet last averaged (``--encoder-sync
+        avg``), through the dense codec ``mode``."""
+        if self.encoder_average is None:
+            start = build_agent(self.spec.obs_shape, self.spec.action_dim, self.settings.cut, self.settings.seed,
+                                self.settings.ppo.init_log_std, discrete=self.spec.discrete)[0]
+            self.encoder_average = WeightSync(((ENCODER_PREFIX + n, p) for n, p in start.named_parameters()), mode,
+                                              "encoder average")
+        return self.encoder_average.delta((ENCODER_PREFIX + n, p) for n, p in self.net.named_parameters())
+
+    def take_average(self, msg: Message) -> None:
+        """Stage1's mean of the edges' changes (``encoder_avg``): every edge's encoder becomes the same."""
+        assert self.encoder_average is not None, "encoder_change comes first"
+        try:
+            view = self.encoder_average.decode(dict(msg.tensors))
+        except CodecError as exc:
+            raise ProtocolError(f"{msg.kind}: {exc}") from None
+        with torch.no_grad():
+            for name, p in self.net.named_parameters():
+                p.copy_(view[ENCODER_PREFIX + name])
 
     def optimizer_step(self) -> None:
         nn.utils.clip_grad_norm_(self.params, self.settings.ppo.max_grad_norm)

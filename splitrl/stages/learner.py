@@ -26,13 +26,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..codecs import CodecSet, Context
+from ..codecs import CodecError, CodecSet, Context
 from ..envs import EnvSpec
 from ..models import ActorCriticHeads, build_agent
 from ..ppo import RolloutBuffer, anneal, explained_variance, minibatch_schedule, ppo_loss
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
 from .protocol import ENCODER_PREFIX, Payload, tensor
+from .weights import WeightSync
 
 __all__ = ["Learner"]
 
@@ -62,8 +63,10 @@ class Learner:
         self.train_buffer = self.buffers[0]
         """The rollout being trained on."""
         self.trains_alone = not any(True for _ in stage0_net.parameters())
-        self.encoder_shapes = {ENCODER_PREFIX + name: tuple(p.shape) for name, p in stage0_net.named_parameters()}
-        """The layers before the cut, as a fleet's edges send their gradients (`sum_gradients`)."""
+        self.encoder_start = {ENCODER_PREFIX + name: p.detach() for name, p in stage0_net.named_parameters()}
+        """The layers before the cut as built from the seed, named as a fleet's edges send their gradients
+        (`sum_gradients`) or weights (`average_encoders`)."""
+        self.encoder_average: WeightSync | None = None
         self.feature_dim = self.heads.critic[0].in_features
         # Stored rollout inputs: pixels when stage1 trains alone; with an acting copy, the features,
         # so that samples an older policy acted on can be scored by the one that trains.
@@ -283,10 +286,25 @@ class Learner:
         """A fleet's encoder gradients (each edge's ``encoder_grad``), added up in edge order."""
         total: dict[str, torch.Tensor] = {}
         for msg in msgs:
-            for name, shape in self.encoder_shapes.items():
-                grad = tensor(msg, name, shape, torch.float32)
+            for name, start in self.encoder_start.items():
+                grad = tensor(msg, name, tuple(start.shape), torch.float32)
                 total[name] = grad.clone() if name not in total else total[name].add_(grad)
         return total
+
+    def average_encoders(self, msgs: list[Message], mode: str) -> dict[str, torch.Tensor]:
+        """A fleet's encoders averaged (``--encoder-sync avg``): each edge's ``encoder_avg`` carries its change
+        since the last average; the parts of their mean, which every edge then adds to the same view."""
+        if self.encoder_average is None:
+            self.encoder_average = WeightSync(self.encoder_start.items(), mode, "encoder average")
+        sync = self.encoder_average
+        total: dict[str, torch.Tensor] = {}
+        for msg in msgs:
+            try:
+                for name, change in sync.changes(msg.tensors).items():
+                    total[name] = change if name not in total else total[name].add_(change)
+            except CodecError as exc:
+                raise ProtocolError(f"{msg.kind}: {exc}") from None
+        return sync.encode({name: sync.view[name] + change / len(msgs) for name, change in total.items()})
 
     def optimizer_step(self) -> None:
         self._minibatch_done()

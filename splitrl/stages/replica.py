@@ -24,7 +24,7 @@ training). What is not exact: the heads' own gradients are taken at the
 rollout's features, and the encoder's gradient goes through weights up to one
 iteration (or ``all_every`` minibatches; its output layers ``last_every``) old.
 
-`HeadsSync` sends the heads' weights as the quantised change against the
+`splitrl.stages.weights.WeightSync` sends the heads' weights as the quantised change against the
 replica both sides keep (as the delta codec does for features), so quantisation
 errors never accumulate; it starts from the weights both stages build from the
 seed, so the full weights never cross the link, only their changes.
@@ -54,24 +54,23 @@ import torch
 from torch import nn
 
 from ..codecs import CodecError, Context
-from ..codecs.dense import Bf16, Fp32, Int8
 from ..models import ActorCriticHeads, build_agent
 from ..settings import Exchange
 from ..transport import Message, ProtocolError
 from ..transport.errors import peer_repr
 from .exchange import EdgeExchange, LearnerExchange, Sent
 from .protocol import Payload
+from .weights import WeightSync
 
 if TYPE_CHECKING:
     from .edge import Edge
     from .learner import Learner
 
-__all__ = ["HeadsSync", "ReplicaEdge", "ReplicaLearner", "FIRST_LAYERS", "due", "replicated"]
+__all__ = ["ReplicaEdge", "ReplicaLearner", "FIRST_LAYERS", "due", "replicated"]
 
 FIRST_LAYERS = ("critic.0.weight", "actor_mean.0.weight")
 """The heads' two feature-wide weights (`splitrl.models.ActorCriticHeads`): 99.9 % of the
 replica's values, sent by ``all_every`` but not by ``last_every``."""
-CODECS_BY_MODE = {c.name: c for c in (Fp32, Bf16, Int8)}
 
 
 def replicated(heads: ActorCriticHeads) -> list[tuple[str, nn.Parameter]]:
@@ -101,68 +100,6 @@ def _finite(x: torch.Tensor, what: str) -> torch.Tensor:
     return x
 
 
-class HeadsSync:
-    """The heads' weights as the replica has them, and the messages that update it.
-
-    Both sides start from the same named tensors (the heads as built from the
-    seed). The sender calls `encode` with the current weights, the receiver
-    `decode` with what arrived; afterwards both views are bit-identical. Each
-    tensor's change travels through the dense codec named by ``mode`` (``int8``:
-    one scale per row, a bias being one row), its parts named ``NAME[.part]``.
-    """
-
-    def __init__(self, initial: Iterable[tuple[str, torch.Tensor]], mode: str = "int8") -> None:
-        if mode not in CODECS_BY_MODE:
-            raise ValueError(f"heads sync: mode must be one of {', '.join(CODECS_BY_MODE)}, got {mode!r}")
-        self.codec = CODECS_BY_MODE[mode]()
-        self.view = {name: t.detach().float().clone() for name, t in initial}
-
-    def encode(self, current: Iterable[tuple[str, torch.Tensor]],
-               names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
-        """Parts that bring the receiver's view of ``names`` (default: all) to ``current``
-        (up to quantisation); updates ours."""
-        current = dict(current)
-        if set(current) != set(self.view):
-            raise ValueError(f"heads sync: expected tensors {sorted(self.view)}, got {sorted(current)}")
-        parts: dict[str, torch.Tensor] = {}
-        for name, base in self._selected(names).items():
-            enc = self.codec.encode(current[name].detach().float() - base, Context())
-            parts.update({f"{name}.{key}" if key else name: t for key, t in enc.tensors.items()})
-            base += enc.recon
-        return parts
-
-    def _selected(self, names: Iterable[str] | None) -> dict[str, torch.Tensor]:
-        if names is None:
-            return self.view
-        names = list(names)
-        unknown = sorted(set(names) - set(self.view))
-        if unknown:
-            raise ValueError(f"heads sync: no weights named {unknown}")
-        return {name: self.view[name] for name in names}
-
-    def decode(self, parts: dict[str, torch.Tensor], names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
-        """Apply a received update of ``names`` (default: all); returns the view.
-        `CodecError` (nothing changed) if it does not fit."""
-        updated, used = {}, 0
-        for name, base in self._selected(names).items():
-            mine = {key[len(name) + 1:]: t for key, t in parts.items() if key.startswith(name + ".")}
-            if name in parts:
-                mine[""] = parts[name]
-            used += len(mine)
-            try:
-                change = self.codec.decode(mine, {}, Context(), tuple(base.shape), torch.float32)
-            except CodecError as exc:
-                raise CodecError(f"heads sync: {name!r}: {exc}") from None
-            updated[name] = base + change
-            # A finite but huge scale overflows here: refuse it before the view changes.
-            if not bool(torch.isfinite(updated[name]).all()):
-                raise CodecError(f"heads sync: the update makes {name!r} non-finite")
-        if used != len(parts):
-            raise CodecError(f"heads sync: {len(parts) - used} tensor(s) name no weight of the heads")
-        self.view.update(updated)
-        return self.view
-
-
 def _outputs(heads: ActorCriticHeads, x: torch.Tensor) -> torch.Tensor:
     """[actor mean (or logits), value] per sample: what crosses instead of the features."""
     mean, value = heads.outputs(x)
@@ -181,7 +118,7 @@ class ReplicaEdge(EdgeExchange):
         _, heads = build_agent(spec.obs_shape, spec.action_dim, s.cut, s.seed, s.ppo.init_log_std,
                                discrete=spec.discrete)
         self.replica = heads.requires_grad_(False)  # never trained here: stage1's heads, as last sent
-        self.sync = HeadsSync(replicated(self.replica), self.exchange.sync)
+        self.sync = WeightSync(replicated(self.replica), self.exchange.sync)
         self.view = self.codecs.rollout_view()
         self.feature_dim = heads.critic[0].in_features
         self.view_outputs: torch.Tensor | None = None
@@ -246,7 +183,7 @@ class ReplicaLearner(LearnerExchange):
     def __init__(self, learner: "Learner") -> None:
         super().__init__(learner)
         self.exchange = learner.settings.codecs.parsed_exchange()
-        self.sync = HeadsSync(replicated(learner.heads), self.exchange.sync)
+        self.sync = WeightSync(replicated(learner.heads), self.exchange.sync)
         self.view = self.codecs.rollout_view()
 
     def learn(self, msg: Message, idx: torch.Tensor, minibatch: torch.Tensor | None = None) -> Payload:

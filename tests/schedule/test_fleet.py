@@ -164,3 +164,57 @@ def test_a_fleet_over_curve_with_a_key_an_edge_and_no_place_for_a_third(tmp_path
         assert code == 0, out
     code, out = s1.finish(timeout=30)
     assert code == 0 and "the 2 edges closed the session after iteration 2" in out, out
+
+
+def test_averaging_brings_every_edge_to_the_mean_of_their_encoders():
+    settings = TrainSettings(env=EnvSettings(num_envs=1), schedule=ScheduleSettings(edges=2, encoder_sync="avg"))
+    spec = inspect_env(settings.env)
+    edges = [Edge(settings, spec, edge=k) for k in range(2)]
+    learner = Learner(settings.fleet_view(), spec)
+    start = {name: p.detach().clone() for name, p in edges[0].net.named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    for edge in edges:  # each edge trained on its own
+        with torch.no_grad():
+            for p in edge.net.parameters():
+                p.add_(0.01 * torch.randn(p.shape, generator=g))
+    wanted = {name: sum(dict(e.net.named_parameters())[name].detach() for e in edges) / 2 for name in start}
+    changes = [Message("encoder_avg", {}, edge.encoder_change("fp32")) for edge in edges]
+    mean = Message("encoder_avg", {}, learner.average_encoders(changes, "fp32"))
+    for edge in edges:
+        edge.take_average(mean)
+    for name in start:
+        assert torch.equal(dict(edges[0].net.named_parameters())[name], dict(edges[1].net.named_parameters())[name])
+        torch.testing.assert_close(dict(edges[0].net.named_parameters())[name], wanted[name])
+    # int8 changes: the edges still agree bit for bit, on the mean up to the codec's rounding
+    with torch.no_grad():
+        for p in edges[1].net.parameters():
+            p.add_(0.01)
+    changes = [Message("encoder_avg", {}, edge.encoder_change("fp32")) for edge in edges]
+    assert sum(t.numel() for t in changes[1].tensors.values()) == sum(p.numel() for p in edges[1].net.parameters())
+    mean = Message("encoder_avg", {}, learner.average_encoders(changes, "fp32"))
+    for edge in edges:
+        edge.take_average(mean)
+    assert all(torch.equal(a, b) for a, b in zip(edges[0].net.parameters(), edges[1].net.parameters()))
+
+
+def test_a_fleet_that_averages_keeps_one_encoder_for_fewer_bytes(tmp_path):
+    """--encoder-sync avg every 3 minibatches (and each epoch's last), int8: the edges end with the same encoder,
+    and the encoder's traffic is a fraction of what summing the gradients every minibatch costs."""
+    from splitrl.launch import launch_split
+
+    runs = {}
+    for mode in ("grad", "avg:every=3"):
+        run = tmp_path / mode.partition(":")[0]
+        args = [*ONE_ENV_EACH, "--edges", "2", "--encoder-sync", mode, *LINK, "--run-dir", str(run)]
+        assert launch_split(args, str(run), edges=2) == 0
+        runs[mode] = run
+    avg = runs["avg:every=3"]
+    nets = [load_checkpoint(avg / f"edge-{k}", "stage0", 2)["net"] for k in range(2)]
+    assert all(torch.equal(nets[0][name], nets[1][name]) for name in nets[0])
+    last = [_rows(runs[m] / "edge-0" / "metrics.jsonl")[-1] for m in ("grad", "avg:every=3")]
+    grad_bytes = last[0]["net_total/encoder_grad/sent_bytes"] + last[0]["net_total/encoder_grad/recv_bytes"]
+    avg_bytes = last[1]["net_total/encoder_avg/sent_bytes"] + last[1]["net_total/encoder_avg/recv_bytes"]
+    assert "net_total/encoder_grad/sent_bytes" not in last[1]
+    # 4 minibatches an iteration: grad sends 4 float32 gradients each way, avg 3 int8 changes (after the 3rd
+    # minibatch and each epoch's last, the 2nd and the 4th): 3 x 1 byte against 4 x 4 bytes a weight
+    assert avg_bytes < grad_bytes / 5, (avg_bytes, grad_bytes)

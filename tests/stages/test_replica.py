@@ -12,7 +12,8 @@ from splitrl.ppo import ppo_loss
 from splitrl.runs import load_checkpoint
 from splitrl.settings import CodecSettings, EnvSettings, Exchange, PPOSettings, TrainSettings
 from splitrl.stages import Edge, Learner, ReplicaEdge, ReplicaLearner
-from splitrl.stages.replica import FIRST_LAYERS, HeadsSync, due, replicated
+from splitrl.stages.replica import FIRST_LAYERS, due, replicated
+from splitrl.stages.weights import WeightSync
 from splitrl.transport.wire import Message
 
 OBS = (4, 96, 96)
@@ -95,7 +96,7 @@ def test_the_offset_is_the_gradient_of_the_outputs():
 @pytest.mark.parametrize("mode", ["int8", "bf16", "fp32"])
 def test_heads_sync_keeps_both_views_identical_and_its_error_does_not_pile_up(mode):
     _, heads = build_agent(OBS, 3, "cnn", seed=5)
-    sender, receiver = HeadsSync(replicated(heads), mode), HeadsSync(replicated(heads), mode)
+    sender, receiver = WeightSync(replicated(heads), mode), WeightSync(replicated(heads), mode)
     g = torch.Generator().manual_seed(0)
     worst = []
     for _ in range(5):
@@ -120,7 +121,7 @@ def test_heads_sync_keeps_both_views_identical_and_its_error_does_not_pile_up(mo
 
 def test_heads_sync_refuses_a_bad_update_and_keeps_its_view():
     _, heads = build_agent(OBS, 3, "cnn", seed=6)
-    sender, receiver = HeadsSync(replicated(heads)), HeadsSync(replicated(heads))
+    sender, receiver = WeightSync(replicated(heads)), WeightSync(replicated(heads))
     parts = sender.encode(replicated(heads))
     before = {k: v.clone() for k, v in receiver.view.items()}
     name = next(iter(receiver.view))
@@ -137,7 +138,7 @@ def test_heads_sync_refuses_a_bad_update_and_keeps_its_view():
             receiver.decode(update)
         assert all(torch.equal(receiver.view[k], before[k]) for k in before)
     with pytest.raises(ValueError, match="mode"):
-        HeadsSync(replicated(heads), "int4")
+        WeightSync(replicated(heads), "int4")
 
 
 def test_midway_updates_follow_the_schedule_both_stages_compute():
@@ -160,7 +161,7 @@ def test_midway_updates_follow_the_schedule_both_stages_compute():
 
 def test_a_partial_heads_update_moves_only_the_weights_it_names():
     _, heads = build_agent(OBS, 3, "cnn", seed=8)
-    sender, receiver = HeadsSync(replicated(heads)), HeadsSync(replicated(heads))
+    sender, receiver = WeightSync(replicated(heads)), WeightSync(replicated(heads))
     with torch.no_grad():
         for _, p in replicated(heads):
             p.add_(1e-3)
