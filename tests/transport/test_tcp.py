@@ -427,7 +427,7 @@ def test_an_announced_frame_costs_memory_only_as_its_bytes_arrive(server: TcpTra
 
 
 def test_a_frame_that_grows_as_it_arrives_is_received_whole(server: TcpTransport, raw_peer: socket.socket) -> None:
-    payload = bytes(random.Random(3).getrandbits(8) for _ in range(9 * 1024 * 1024 + 5))
+    payload = random.Random(3).randbytes(9 * 1024 * 1024 + 5)
     tensors = {"t": torch.frombuffer(bytearray(payload), dtype=torch.uint8)}
     from splitrl.transport.wire import encode
 
