@@ -83,6 +83,10 @@ class Learner:
         """The iteration being trained on."""
         self.stats: dict[str, list[float]] = defaultdict(list)
         self._parts: dict[str, float] = {}
+        self.lagging = torch.zeros(0, dtype=torch.bool)
+        """Which samples of the rollout being trained on an older policy acted on (flat, as ``b_*``)."""
+        self.proximal: torch.Tensor | None = None
+        """Decoupled PPO's proximal log-probabilities of those samples (NaN until a minibatch first holds one)."""
         """The statistics of the minibatch being taken in parts, weighted by each part's share so far."""
         self.rollout_stats: dict[str, float] = {}
         """Statistics of the rollout being trained on, taken when its training begins."""
@@ -208,8 +212,13 @@ class Learner:
         Samples an older policy acted on than the one training (the asynchronous
         schedule: version < iteration - 1) get truncated importance weights min(1, pi / mu)
         on their value targets (`splitrl.ppo.compute_gae`), pi scored by the heads that
-        train on the features the rollout sent; PPO's ratio stays against mu, the
-        log-probability that acted. Their values stay the acting network's: the heads
+        train on the features the rollout sent. Their policy loss is decoupled PPO's
+        (Hilton et al. 2021, "Batch size-invariance for policy optimization"): the ratio is
+        clipped against a proximal policy, the network that trains as it first sees the sample
+        this iteration (its log-probability kept in `proximal`), and the advantage carries the
+        truncated importance weight min(1, pi_prox / mu) of the policy that acted. Clipped
+        against mu itself, a sample starts a whole iteration's update away from the trust
+        region's centre. Their values stay the acting network's: the heads
         that train paired with features of the older encoder that the rollout sent are no
         network that ever was, and on CarRacing their values differed from the acting ones
         by about a quarter of a normalised return, enough noise to stall learning
@@ -221,10 +230,12 @@ class Learner:
         anneal(self.optimizer, ppo.lr_heads * ppo.lr_fraction(iteration, self.settings.num_iterations))
         self.train_buffer = buffer = self.buffers[slot]
         lag = (iteration - 1) - self.versions[slot]
-        weights = None
-        if bool((lag > 0).any()):
+        weights, self.proximal = None, None
+        self.lagging = (lag > 0).reshape(-1)
+        if bool(self.lagging.any()):
             logprob = self._logprobs(self.inputs[slot], buffer.actions)
             weights = torch.where(lag > 0, (logprob - buffer.logprobs).exp().clamp(max=1.0), torch.ones_like(logprob))
+            self.proximal = torch.full_like(self.lagging, float("nan"), dtype=torch.float32)
         buffer.finish(self.last_values[slot], ppo.gamma, ppo.gae_lambda, weights)
         # Now, not at the iteration's end: by then the next rollout may be writing this slot.
         self.rollout_stats = {"losses/explained_variance": explained_variance(buffer.b_values, buffer.b_returns)}
@@ -262,8 +273,15 @@ class Learner:
             everything = b.b_advantages[whole]
             advantages = (advantages - everything.mean()) / (everything.std() + 1e-8)
         _, newlogprob, entropy, newvalue = self.heads.evaluate(mean, value, b.b_actions[idx])
+        behaviour = b.b_logprobs[idx]
+        if self.proximal is not None:  # some samples lag: decoupled PPO for them (see `begin_training`)
+            prox = torch.where(torch.isnan(self.proximal[idx]), newlogprob.detach(), self.proximal[idx])
+            self.proximal[idx] = prox
+            lagging = self.lagging[idx]
+            advantages = torch.where(lagging, advantages * (prox - behaviour).exp().clamp(max=1.0), advantages)
+            behaviour = torch.where(lagging, prox, behaviour)
         loss, stats = ppo_loss(
-            newlogprob, b.b_logprobs[idx], advantages, newvalue, b.b_values[idx], b.b_returns[idx], entropy,
+            newlogprob, behaviour, advantages, newvalue, b.b_values[idx], b.b_returns[idx], entropy,
             clip_coef=ppo.clip_coef, vf_coef=ppo.vf_coef, ent_coef=ppo.ent_coef,
             clip_vloss=ppo.clip_vloss, norm_adv=False,
         )

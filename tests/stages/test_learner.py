@@ -64,3 +64,12 @@ def test_samples_an_older_policy_acted_on_are_weighted_by_the_one_that_trains_an
                                       learner.last_values[0], 0.99, 0.95, weights)
     torch.testing.assert_close(b.advantages, advantages)
     torch.testing.assert_close(b.returns, returns)
+
+    # Decoupled PPO for the lagging samples: clipped against the policy that trains as it first sees them, so a
+    # first look starts at ratio 1; the behaviour log-probability enters only as the weight min(1, pi_prox / mu).
+    with torch.no_grad():
+        loss = learner.loss(torch.arange(8), *learner.heads.outputs(second[:4].reshape(8, 4096)))
+    assert abs(learner.stats["losses/approx_kl"][-1]) < 1e-6 and learner.stats["losses/clipfrac"][-1] == 0.0
+    torch.testing.assert_close(learner.proximal[:4], logprob[:2].reshape(-1))  # t = 0, 1: the lagging ones
+    assert learner.lagging.tolist() == [True] * 4 + [False] * 4
+    assert torch.isfinite(loss)
