@@ -15,7 +15,7 @@ from ..stages.evaluate import Evaluation
 from ..transport import Message, ProtocolError, Transport
 from ..transport.errors import peer_repr
 
-__all__ = ["PhaseClock", "expect", "stops", "iteration_stats", "IterationLog", "checkpoint_due", "stage0_finish",
+__all__ = ["PhaseClock", "expect", "stops", "stage0_after_rollout", "iteration_stats", "IterationLog", "checkpoint_due", "stage0_finish",
            "stage1_finish", "progress_line"]
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,20 @@ def stops(reply: Message, last: bool) -> bool:
                             f"{peer_repr(stop)} (epoch {peer_repr(reply.header.get('epoch'))}, minibatch "
                             f"{peer_repr(reply.header.get('mb'))})")
     return stop
+
+
+def stage0_after_rollout(edge: Edge, exchange: EdgeExchange, link: Transport, clock: PhaseClock,
+                         iteration: int) -> tuple[dict[str, Any], list[list[torch.Tensor]]]:
+    """Between stage0's rollout and its training: the replica's update if the exchange has one, the rollout's
+    summary, and training's minibatch schedule. Returns (`Edge.rollout_summary`, the schedule)."""
+    with clock("link"):
+        update = expect(link, "heads") if exchange.updates_after_rollout else None
+    rollout = edge.rollout_summary()
+    schedule = edge.begin_training(iteration)  # before the update: the replica reads this rollout's view
+    if update is not None:
+        with clock("codec"):
+            exchange.apply_update(update, {"iteration": iteration})
+    return rollout, schedule
 
 
 def iteration_stats(link: Transport) -> dict[str, Any]:

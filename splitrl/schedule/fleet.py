@@ -34,7 +34,8 @@ from ..runs import RunLog
 from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..stages.evaluate import Evaluation
 from ..transport import Transport
-from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish, stops
+from .common import (IterationLog, PhaseClock, checkpoint_due, expect, stage0_after_rollout, stage0_finish,
+                     stage1_finish, stops)
 from .sync import stage0_rollout
 
 __all__ = ["stage0_loop", "stage1_loop"]
@@ -52,8 +53,7 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
 
         # -- rollout: as the synchronous schedule's; stage1 answers every edge's step t together --
         stage0_rollout(edge, link, clock, iteration)
-        rollout = edge.rollout_summary()
-        schedule = edge.begin_training(iteration)
+        rollout, schedule = stage0_after_rollout(edge, exchange, link, clock, iteration)
 
         # -- training: this edge's share of every minibatch, the fleet's gradient (or average) --
         if edge.trains:

@@ -46,7 +46,8 @@ from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..stages.evaluate import Evaluation
 from ..transport import ProtocolError, Transport
 from ..transport.errors import peer_repr
-from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish, stops
+from .common import (IterationLog, PhaseClock, checkpoint_due, expect, stage0_after_rollout, stage0_finish,
+                     stage1_finish, stops)
 
 __all__ = ["stage0_loop", "stage1_loop", "agree_on_groups", "learn_groups", "stage0_rollout", "stage1_rollout",
            "stage0_train", "stage1_train", "choose_groups", "rollout_lag", "PINGS"]
@@ -286,13 +287,7 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
         clock = PhaseClock()
         metrics.start()
         stage0_rollout(edge, link, clock, iteration)
-        with clock("link"):
-            update = expect(link, "heads") if exchange.updates_after_rollout else None
-        rollout = edge.rollout_summary()
-        schedule = edge.begin_training(iteration)
-        if update is not None:
-            with clock("codec"):
-                exchange.apply_update(update, {"iteration": iteration})
+        rollout, schedule = stage0_after_rollout(edge, exchange, link, clock, iteration)
         if edge.trains:
             stage0_train(edge, exchange, link, clock, schedule)
         checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)

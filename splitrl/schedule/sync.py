@@ -22,7 +22,8 @@ from ..runs import RunLog
 from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..stages.evaluate import Evaluation
 from ..transport import Transport
-from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish, stops
+from .common import (IterationLog, PhaseClock, checkpoint_due, expect, stage0_after_rollout, stage0_finish,
+                     stage1_finish, stops)
 
 __all__ = ["stage0_loop", "stage1_loop", "stage0_rollout"]
 
@@ -57,13 +58,7 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
 
         # -- rollout: one round trip per env step ------------------------------------
         stage0_rollout(edge, link, clock, iteration)
-        with clock("link"):
-            update = expect(link, "heads") if exchange.updates_after_rollout else None
-        rollout = edge.rollout_summary()
-        schedule = edge.begin_training(iteration)  # before the update: the replica reads this rollout's view
-        if update is not None:
-            with clock("codec"):
-                exchange.apply_update(update, {"iteration": iteration})
+        rollout, schedule = stage0_after_rollout(edge, exchange, link, clock, iteration)  # and the replica's update
 
         # -- training: one round trip per minibatch ------------------------------------
         if edge.trains:
