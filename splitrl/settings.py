@@ -479,11 +479,14 @@ class TrainSettings:
         if options is not None and options.edge_id >= self.schedule.edges:
             problems.append(f"--edge-id {options.edge_id}: the fleet has --edges {self.schedule.edges} "
                             f"(ids 0 .. {self.schedule.edges - 1})")
+        if options is not None and options.min_edges > self.schedule.edges:
+            problems.append(f"--min-edges {options.min_edges}: the fleet has --edges {self.schedule.edges}")
         if options is not None and self.schedule.edges > 1:
             if options.transport != "zmq":
                 problems.append(f"--edges > 1 runs over --transport zmq only, got {options.transport}")
-            if options.resume or options.rejoin:
-                problems.append("--resume and --rejoin of a fleet (--edges > 1) are not supported yet")
+            if options.resume:
+                problems.append("--resume of a fleet (--edges > 1) is not supported yet (a lost edge can rejoin: "
+                                "--min-edges, --rejoin)")
         if problems:
             raise SettingsError("invalid settings:\n  - " + "\n  - ".join(problems))
         return self
@@ -557,8 +560,14 @@ class RunOptions:
     heartbeat: float = doc(5.0, "seconds after which a peer whose connection closed or went silent counts as dead "
                                 "(ZeroMQ heartbeats, TCP keepalive; 0: only --timeout)", link=True)
     rejoin: float = doc(0.0, "stage1: when stage0 is lost mid-run, wait this many seconds for a restarted stage0 "
-                             "(`--resume`) to continue from the newest checkpoint both hold (0: exit at once)",
+                             "(`--resume`) to continue from the newest checkpoint both hold (0: exit at once); of "
+                             "a fleet, with fewer than --min-edges edges left, wait this long at the iteration's end "
+                             "for edges to join",
                         link=True)
+    min_edges: int = doc(0, "stage1 of a fleet: when an edge dies, goes silent past --timeout or breaks the "
+                             "protocol, drop it and train on with the rest while at least this many remain (its "
+                             "samples of that iteration left out); 0: every edge, so losing one ends the run",
+                         link=True)
     edge_id: int = doc(-1, "stage0 of a fleet (--edges > 1): which edge this is, 0 .. edges - 1 (stage1's port pair "
                            "PORT + 2 x ID); -1: the first one free", link=True)
     eval_every: int = doc(0, "stage0: score the policy every N iterations (and after the last) on --eval-episodes "
@@ -599,6 +608,8 @@ class RunOptions:
             out.append("--rejoin needs --heartbeat > 0: that is how a lost stage0 is noticed")
         if self.vector not in VECTOR_MODES:
             out.append(f"--vector must be one of {', '.join(VECTOR_MODES)}, got {self.vector!r}")
+        if self.min_edges < 0:
+            out.append(f"--min-edges must be >= 0, got {self.min_edges}")
         if self.edge_id < -1:
             out.append(f"--edge-id must be >= 0 (or -1: the first free), got {self.edge_id}")
         if self.eval_every < 0:

@@ -117,11 +117,13 @@ def stage0_finish(edge: Edge, exchange: EdgeExchange, link: Transport, clock: Ph
 
 def stage1_finish(learner: Learner, exchange: LearnerExchange, link: Transport | Sequence[Transport], busy: PhaseClock,
                   iteration: int, schedule: list[list[torch.Tensor]], run_log: RunLog | None, cpu_start: float,
-                  rollout: dict[str, Any]) -> None:
-    """After ``iter_end`` (from every edge of a fleet, ``link`` a list): train alone if the cut is before the first
-    layer, checkpoint, send the statistics."""
+                  rollout: dict[str, Any], msgs: Sequence[Message] | None = None,
+                  extras: Sequence[dict[str, Any]] | None = None) -> None:
+    """After ``iter_end`` (from every edge of a fleet, ``link`` a list; ``msgs`` if already received): train alone
+    if the cut is before the first layer, checkpoint, send the statistics (with ``extras[k]`` to ``link[k]``)."""
     links = list(link) if isinstance(link, (list, tuple)) else [link]
-    msgs = [expect(each, "iter_end", iteration=iteration) for each in links]
+    if msgs is None:
+        msgs = [expect(each, "iter_end", iteration=iteration) for each in links]
     if learner.trains_alone:
         for epoch, minibatches in enumerate(schedule):
             with busy("heads"):
@@ -136,8 +138,8 @@ def stage1_finish(learner: Learner, exchange: LearnerExchange, link: Transport |
         run_log.checkpoint(STAGE1, iteration, {**learner.state_dict(rollout), "exchange": exchange.state_dict()})
     stats["cpu/stage1"] = time.process_time() - cpu_start
     heads = None
-    for each, msg in zip(links, msgs):
-        each.send("iter_stats", header=stats)
+    for each, msg, extra in zip(links, msgs, extras or [{}] * len(links)):
+        each.send("iter_stats", header={**stats, **extra})
         if msg.header.get("eval") is True:  # stage0 scores the policy: it needs the heads
             heads = heads or {name: p.detach() for name, p in learner.heads.state_dict().items()}
             each.send("eval_heads", heads, {"iteration": iteration})

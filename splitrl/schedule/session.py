@@ -36,6 +36,7 @@ from ..transport.errors import peer_repr
 from ..transport.handshake import HandshakeError, answer_hello, handshake
 from ..transport.local import LocalTransport
 from . import asynchronous, fleet, pipelined, sync
+from .common import expect
 
 SCHEDULES = {"sync": sync, "pipelined": pipelined, "async": asynchronous, "fleet": fleet}
 """``settings.schedule.mode`` -> the module whose ``stage0_loop`` / ``stage1_loop`` run it."""
@@ -178,6 +179,12 @@ def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, sta
         extra = {**({"checkpoints": ours} if resume else {}),
                  **({"edge": edge.edge} if edge.settings.schedule.edges > 1 else {})}
         hello = handshake(link, STAGE0, STAGE1, edge.settings.shared(), timeout=start_timeout, extra=extra or None)
+        join_after = hello.get("join_after", 0) if edge.settings.schedule.edges > 1 else 0
+        if join_after:  # a fleet that has trained: start from one of its edges' encoder
+            if type(join_after) is not int or not 0 < join_after < edge.settings.num_iterations:
+                raise ProtocolError(f"hello: join_after must be an iteration of the run, got {peer_repr(join_after)}")
+            edge.join(expect(link, "encoder_state", iteration=join_after), join_after)
+            log.info("[stage0] joined the fleet after its iteration %d", join_after)
         if resume:
             iteration = _resume_point(hello, ours)
             if iteration:
@@ -292,22 +299,19 @@ def run_stage0(settings: TrainSettings, options: RunOptions, connect: str) -> li
 
 
 def serve_fleet(learner: Learner, links: list[Transport], settings: TrainSettings, run_log: RunLog | None = None, *,
-                start_timeout: float | None = None) -> int:
-    """Stage1 of a fleet: every edge's hello (edge g on ``links[g]``), then `fleet.stage1_loop` until all close."""
+                start_timeout: float | None = None, min_edges: int = 0, rejoin: float = 0.0) -> int:
+    """Stage1 of a fleet: the edges' hellos (edge g on ``links[g]``; all of them, or ``min_edges``), then
+    `fleet.stage1_loop` until they close (`fleet.Roster`: edges that fail are dropped, edges that come join)."""
     try:
         exchange = learner_exchange(learner)
-        for g, link in enumerate(links):
-            hello = answer_hello(link, STAGE1, STAGE0, settings.shared(), timeout=start_timeout)
-            if hello.get("edge") != g:
-                raise HandshakeError(f"{link.peer}: edge {g}'s place, taken by a stage0 that says it is edge "
-                                     f"{peer_repr(hello.get('edge'))}")
-            log.info("[stage1] edge %d of %d connected", g, len(links))
-        served = fleet.stage1_loop(learner, exchange, links, run_log)
+        roster = fleet.Roster(links, settings.shared(), min_edges, rejoin)
+        roster.start(start_timeout if start_timeout is not None else RunOptions().start_timeout)
+        served = fleet.stage1_loop(learner, exchange, roster, run_log)
     except BaseException as exc:
         for link in links:
             link.abort(f"stage1 failed: {type(exc).__name__}: {exc}")
         raise
-    log.info("[stage1] the %d edges closed the session after iteration %d", len(links), served)
+    log.info("[stage1] the fleet's edges closed the session after iteration %d", served)
     return served
 
 
@@ -318,7 +322,8 @@ def run_fleet_stage1(settings: TrainSettings, options: RunOptions, bind: str, sp
         for g in range(settings.schedule.edges):
             links.append(open_link(options, slot_endpoint(bind, g), bind=True, peer=f"edge {g}"))
         log.info("[stage1] listening for %d edges on %s (edge g: port + 2g)", len(links), links[0].endpoint)
-        return serve_fleet(learner, links, settings, run_log, start_timeout=options.start_timeout)
+        return serve_fleet(learner, links, settings, run_log, start_timeout=options.start_timeout,
+                           min_edges=options.min_edges, rejoin=options.rejoin)
     finally:
         for link in links:
             link.close()

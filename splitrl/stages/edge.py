@@ -35,6 +35,7 @@ from ..ppo import anneal, minibatch_schedule
 from ..runs import RunLog
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
+from ..transport.errors import peer_repr
 from .protocol import ENCODER_PREFIX, Payload, tensor
 from .weights import WeightSync
 
@@ -61,6 +62,8 @@ class Edge:
         """Which edge of a fleet this is (`ScheduleSettings.edges`): its envs are the fleet's envs
         ``offset .. offset + num_envs - 1`` of `total_envs`, seeded, named and indexed as those."""
         self.offset, self.total_envs = edge * settings.env.num_envs, settings.total_envs
+        self.joined_weights: dict[str, torch.Tensor] | None = None
+        """A fleet's late edge: the encoder it joined with (`join`), the first view it averages against."""
         self.encoder_average: WeightSync | None = None
         """``--encoder-sync avg``: the encoder as the fleet last agreed on it (`encoder_change`, `take_average`)."""
         self.vector = choose_vector(vector, settings.env.num_envs)
@@ -288,12 +291,55 @@ class Edge:
     def encoder_change(self, mode: str) -> dict[str, torch.Tensor]:
         """``encoder_avg``'s parts: this edge's encoder's change since the fleet last averaged (``--encoder-sync
         avg``), through the dense codec ``mode``."""
-        if self.encoder_average is None:
+        if self.encoder_average is None:  # the fleet agreed on the encoder built from the seed, or the one joined
             start = build_agent(self.spec.obs_shape, self.spec.action_dim, self.settings.cut, self.settings.seed,
                                 self.settings.ppo.init_log_std, discrete=self.spec.discrete)[0]
-            self.encoder_average = WeightSync(((ENCODER_PREFIX + n, p) for n, p in start.named_parameters()), mode,
-                                              "encoder average")
+            agreed = self.joined_weights or {ENCODER_PREFIX + n: p for n, p in start.named_parameters()}
+            self.encoder_average = WeightSync(agreed.items(), mode, "encoder average")
         return self.encoder_average.delta((ENCODER_PREFIX + n, p) for n, p in self.net.named_parameters())
+
+    def encoder_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """What an edge joining the fleet after this iteration needs to train on as one of it (``encoder_state``):
+        the encoder's weights and its optimizer's moments (every edge's are the same with ``--encoder-sync grad``,
+        and after an average with ``avg`` the weights are), the iteration and the fleet's step count."""
+        tensors = {f"net.{name}": t.detach() for name, t in self.net.state_dict().items()}
+        step = 0
+        if self.optimizer is not None:
+            for p, (name, _) in zip(self.params, self.net.named_parameters()):
+                moments = self.optimizer.state.get(p)
+                if moments:
+                    step = int(moments["step"])
+                    tensors[f"exp_avg.{name}"] = moments["exp_avg"]
+                    tensors[f"exp_avg_sq.{name}"] = moments["exp_avg_sq"]
+        return tensors, {"iteration": self.train_iteration, "global_step": self.global_step, "adam_step": step}
+
+    def join(self, msg: Message, iteration: int) -> None:
+        """Become an edge of a fleet that has trained ``iteration`` iterations: another edge's `encoder_state`
+        (checked: every weight, each moment for every parameter or for none). The envs start afresh."""
+        header = msg.header
+        step, global_step = header.get("adam_step"), header.get("global_step")
+        if header.get("iteration") != iteration or type(step) is not int or step < 0 or type(global_step) is not int \
+                or global_step < 0:
+            raise ProtocolError(f"encoder_state: expected iteration={iteration} and counts >= 0, got iteration="
+                                f"{peer_repr(header.get('iteration'))}, adam_step={peer_repr(step)}, "
+                                f"global_step={peer_repr(global_step)}")
+        names = set(self.net.state_dict())
+        moments = {f"{m}.{n}" for n, _ in self.net.named_parameters() for m in ("exp_avg", "exp_avg_sq")}
+        wanted = {f"net.{n}" for n in names} | (moments if step and self.optimizer is not None else set())
+        if set(msg.tensors) != wanted:
+            raise ProtocolError(f"encoder_state: expected tensors {sorted(wanted)[:4]}... ({len(wanted)}), got "
+                                f"{peer_repr(sorted(msg.tensors))} ({len(msg.tensors)})")
+        state = self.net.state_dict()
+        self.net.load_state_dict({n: tensor(msg, f"net.{n}", tuple(t.shape), t.dtype) for n, t in state.items()})
+        if step and self.optimizer is not None:
+            adam = {i: {"step": torch.tensor(float(step)),
+                        **{m: tensor(msg, f"{m}.{name}", tuple(p.shape), torch.float32).clone()
+                           for m in ("exp_avg", "exp_avg_sq")}}
+                    for i, (name, p) in enumerate(self.net.named_parameters())}
+            self.optimizer.load_state_dict({"state": adam, "param_groups": self.optimizer.state_dict()["param_groups"]})
+        self.train_iteration = self.iteration = iteration
+        self.global_step = global_step
+        self.joined_weights = {ENCODER_PREFIX + n: p.detach().clone() for n, p in self.net.named_parameters()}
 
     def take_average(self, msg: Message) -> None:
         """Stage1's mean of the edges' changes (``encoder_avg``): every edge's encoder becomes the same."""

@@ -131,6 +131,8 @@ class Learner:
     def begin_rollout(self, iteration: int) -> None:
         self.iteration = iteration
         self.buffer = self.buffers[self._slot(iteration)]
+        # Rows no step fills (a fleet's edge dropped in or before this rollout) are never trained on: not lagging.
+        self.versions[self._slot(iteration)].fill_(self._acting_version())
         self.codecs.new_iteration("rollout")
 
     def adopt(self, version: int) -> None:

@@ -122,8 +122,9 @@ def test_a_fleet_iteration_is_every_edges_rollout_and_its_edge_ids_are_checked()
         settings.validate(RunOptions(edge_id=3))
     with pytest.raises(ValueError, match="zmq only"):
         settings.validate(RunOptions(transport="tcp"))
-    with pytest.raises(ValueError, match="--resume and --rejoin of a fleet"):
-        settings.validate(RunOptions(rejoin=10))
+    with pytest.raises(ValueError, match="--resume of a fleet"):
+        settings.validate(RunOptions(resume="runs/x"))
+    settings.validate(RunOptions(rejoin=10, min_edges=2))
     settings.validate(RunOptions(heartbeat=0))  # stage1, and `run`, which gives each edge its id
     with pytest.raises(ValueError, match="need --heartbeat > 0"):  # an edge that must find its place
         session.join_fleet(RunOptions(heartbeat=0), "tcp://127.0.0.1:5555", 3)
@@ -149,7 +150,7 @@ def test_a_fleet_over_curve_with_a_key_an_edge_and_no_place_for_a_third(tmp_path
         result = CliRunner().invoke(main, ["keys", str(keys), "--name", name])
         assert result.exit_code == 0, result.output
     port = free_port(count=4)
-    args = [*ONE_ENV_EACH, "--edges", "2", "--curve", str(keys), *LINK]
+    args = [*ONE_ENV_EACH, "--total-steps", "384", "--edges", "2", "--curve", str(keys), *LINK]  # outlasts the third
     s1 = spawn("stage1", "--bind", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / "s1"), *args)
     edges = [spawn("stage0", "--connect", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / name), *args,
                    "--curve-name", name) for name in ("stage0", "edge1")]
@@ -163,7 +164,7 @@ def test_a_fleet_over_curve_with_a_key_an_edge_and_no_place_for_a_third(tmp_path
         code, out = edge.finish(timeout=300)
         assert code == 0, out
     code, out = s1.finish(timeout=30)
-    assert code == 0 and "the 2 edges closed the session after iteration 2" in out, out
+    assert code == 0 and "the fleet's edges closed the session after iteration 6" in out, out
 
 
 def test_averaging_brings_every_edge_to_the_mean_of_their_encoders():
@@ -218,3 +219,170 @@ def test_a_fleet_that_averages_keeps_one_encoder_for_fewer_bytes(tmp_path):
     # 4 minibatches an iteration: grad sends 4 float32 gradients each way, avg 3 int8 changes (after the 3rd
     # minibatch and each epoch's last, the 2nd and the 4th): 3 x 1 byte against 4 x 4 bytes a weight
     assert avg_bytes < grad_bytes / 5, (avg_bytes, grad_bytes)
+
+
+class _FakeLink:
+    """An edge's link that answers from a list, or fails with ``error`` (a dead or hostile edge)."""
+
+    def __init__(self, msgs=(), error=None):
+        self.msgs, self.error, self.sent, self.aborted, self.sessions = list(msgs), error, [], None, 0
+        self.peer = "fake edge"
+
+    def recv(self, timeout=None):
+        if self.error is not None:
+            raise self.error
+        return self.msgs.pop(0)
+
+    def send(self, kind, tensors=None, header=None, timeout=None):
+        if self.error is not None:
+            raise self.error
+        self.sent.append(kind)
+
+    def abort(self, reason, timeout=1.0):
+        self.aborted = reason
+
+    def new_session(self):
+        self.sessions += 1
+
+
+def _started(roster):
+    roster.alive = [True] * len(roster.links)
+    return roster
+
+
+def test_a_roster_drops_an_edge_that_fails_and_ends_the_run_below_min_edges():
+    from splitrl.schedule.fleet import Roster
+    from splitrl.transport import PeerGone, ProtocolError
+
+    links = [_FakeLink([Message("iter_end", {"iteration": 1}, {})]), _FakeLink(error=PeerGone("edge 1 is gone")),
+             _FakeLink([Message("step", {"iteration": 1}, {})])]  # edge 2 answers with the wrong kind
+    roster = _started(Roster(links, {}, min_edges=1))
+    assert [g for g, _ in roster.gather("iter_end", iteration=1)] == [0]
+    assert roster.live() == [0] and roster.dropped == 2
+    assert links[1].aborted is None and "ProtocolError" in links[2].aborted  # a gone edge's successor is not told
+    assert links[1].sessions == links[2].sessions == 1  # whoever comes to their places next is a new edge
+    assert roster.members(torch.tensor([0, 1, 2, 0])).tolist() == [True, False, False, True]
+    roster.send(1, "action")  # a dropped edge is sent nothing more
+    roster.link(1).send("iter_stats")
+    roster.link(0).send("iter_stats")
+    assert links[0].sent == ["iter_stats"] and roster.dropped == 2
+
+    everyone = _started(Roster([_FakeLink(error=PeerGone("edge 0 is gone")), _FakeLink()], {}))  # all of them
+    with pytest.raises(PeerGone, match="^edge 0 is gone$"):
+        everyone.expect(0, "step")
+    assert everyone.alive == [True, True]
+    three = _started(Roster([_FakeLink(error=PeerGone("edge 0 is gone")), _FakeLink(),
+                             _FakeLink(error=ProtocolError("bad"))], {}, min_edges=2))
+    assert three.expect(0, "step") is None
+    with pytest.raises(ProtocolError, match=r"^bad \(edge 2; 1 of 3 edges left, fewer than --min-edges 2\)$"):
+        three.expect(2, "step")
+
+
+def test_min_edges_is_checked():
+    settings = TrainSettings(total_steps=2 * 8192, schedule=ScheduleSettings(edges=2))
+    with pytest.raises(ValueError, match="--min-edges 3: the fleet has --edges 2"):
+        settings.validate(RunOptions(min_edges=3))
+    assert "--min-edges must be >= 0, got -1" in RunOptions(min_edges=-1).errors()
+
+
+@pytest.mark.parametrize("min_edges", [1, 0])
+def test_an_edge_that_dies_is_dropped_and_the_fleet_trains_on_above_min_edges(tmp_path, spawn, min_edges):
+    """Edge 1 is killed after its first iteration. With --min-edges 1 stage1 drops it (logged, counted in
+    metrics) and trains on with edge 0 to the end; with the default (every edge) the loss ends the run."""
+    import signal
+    import time
+
+    port = free_port(count=4)
+    iterations = 8
+    args = ["--num-envs", "1", "--total-steps", str(32 * 2 * iterations), *TWO_ENVS[4:], *LINK,
+            "--min-edges", str(min_edges)]
+    s1 = spawn("stage1", "--bind", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / "fleet"), "--edges", "2",
+               *args)
+    edges = [spawn("stage0", "--connect", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / f"edge{k}"),
+                   "--edges", "2", "--edge-id", str(k), *args) for k in range(2)]
+    metrics = tmp_path / "edge1" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        assert time.monotonic() < deadline and edges[1].popen.poll() is None, edges[1].output()
+        time.sleep(0.05)
+    edges[1].popen.send_signal(signal.SIGKILL)
+    code0, out0 = edges[0].finish(timeout=120)
+    code1, out1 = s1.finish(timeout=60)
+    if min_edges == 0:
+        assert code1 != 0 and "edge 1" in out1 and "gone" in out1, out1
+        assert code0 != 0, out0
+        return
+    assert code0 == 0 and code1 == 0, out0 + out1
+    assert "edge 1 dropped (PeerGone" in out1 and "training goes on with 1 of 2 edges" in out1, out1
+    rows = _rows(tmp_path / "edge0" / "metrics.jsonl")
+    assert [row["iteration"] for row in rows] == list(range(1, iterations + 1))
+    assert rows[0]["fleet/edges"] == 2 and rows[0]["fleet/dropped"] == 0
+    assert rows[-1]["fleet/edges"] == 1 and rows[-1]["fleet/dropped"] == 1 and rows[-1]["fleet/act_batch_mean"] == 1
+    first, last = (load_checkpoint(tmp_path / "fleet", "stage1", i)["heads"] for i in (iterations - 1, iterations))
+    assert not torch.equal(first["critic.0.weight"], last["critic.0.weight"])  # it learned after the loss
+
+
+def test_an_edge_that_dies_and_comes_back_rejoins_with_the_fleets_encoder(tmp_path, spawn):
+    """--min-edges 2 --rejoin: edge 1 is killed after its first iteration; edge 0 trains on alone to that
+    iteration's end, where stage1 waits; a new stage0 takes edge 1's place, joins with edge 0's encoder and
+    optimizer, and the two end the run with one encoder."""
+    import signal
+    import time
+
+    port = free_port(count=4)
+    iterations = 5
+    args = ["--num-envs", "1", "--total-steps", str(32 * 2 * iterations), *TWO_ENVS[4:], *LINK, "--edges", "2"]
+    s1 = spawn("stage1", "--bind", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / "fleet"), *args,
+               "--min-edges", "2", "--rejoin", "60")
+    edge0, edge1 = (spawn("stage0", "--connect", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / f"edge{k}"),
+                          *args, "--edge-id", str(k)) for k in range(2))
+    metrics = tmp_path / "edge1" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        assert time.monotonic() < deadline and edge1.popen.poll() is None, edge1.output()
+        time.sleep(0.05)
+    edge1.popen.send_signal(signal.SIGKILL)
+    s1.wait_for("edge 1 dropped", timeout=60)
+    again = spawn("stage0", "--connect", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / "again"), *args)
+    outs = [edge0.finish(timeout=120), again.finish(timeout=120), s1.finish(timeout=60)]
+    assert all(code == 0 for code, _ in outs), "\n".join(out for _, out in outs)
+    assert "joined the fleet after its iteration" in outs[1][1]
+    rows, rejoined = _rows(tmp_path / "edge0" / "metrics.jsonl"), _rows(tmp_path / "again" / "metrics.jsonl")
+    assert [row["iteration"] for row in rows] == list(range(1, iterations + 1))
+    assert rows[-1]["fleet/dropped"] == 1 and rows[-1]["fleet/joined"] == 1 and rows[-1]["fleet/edges"] == 2
+    assert 2 < rejoined[0]["iteration"] <= iterations and rejoined[-1]["iteration"] == iterations
+    assert rejoined[0]["fleet/edge"] == 1 and rejoined[0]["global_step"] == rows[rejoined[0]["iteration"] - 1]["global_step"]
+    nets = [load_checkpoint(tmp_path / name, "stage0", iterations)["net"] for name in ("edge0", "again")]
+    assert all(torch.equal(nets[0][name], nets[1][name]) for name in nets[0])  # one encoder again
+
+
+@pytest.mark.parametrize("sync", ["grad", "avg"])
+def test_a_joining_edge_takes_the_encoder_and_its_optimizer_and_refuses_a_wrong_one(sync):
+    from splitrl.transport import ProtocolError
+
+    settings = TrainSettings(env=EnvSettings(num_envs=1), schedule=ScheduleSettings(edges=2, encoder_sync=sync))
+    spec = inspect_env(settings.env)
+    old, new = Edge(settings, spec), Edge(settings, spec, edge=1)
+    with torch.no_grad():
+        for p in old.net.parameters():
+            p.add_(0.01)
+    loss = sum(p.square().sum() for p in old.net.parameters())
+    loss.backward()
+    old.optimizer_step()
+    old.train_iteration, old.global_step = 3, 384
+    tensors, header = old.encoder_state()
+    assert header == {"iteration": 3, "global_step": 384, "adam_step": 1}
+    new.join(Message("encoder_state", header, tensors), 3)
+    assert (new.train_iteration, new.iteration, new.global_step) == (3, 3, 384)
+    assert all(torch.equal(a, b) for a, b in zip(old.net.state_dict().values(), new.net.state_dict().values()))
+    for p, q in zip(old.params, new.params):
+        assert torch.equal(old.optimizer.state[p]["exp_avg_sq"], new.optimizer.state[q]["exp_avg_sq"])
+    if sync == "avg":  # the view it averages against from now on is the encoder it joined with
+        assert all(float(v.abs().max()) == 0 for v in new.encoder_change("fp32").values())
+    with pytest.raises(ProtocolError, match="expected iteration=4"):
+        new.join(Message("encoder_state", header, tensors), 4)
+    with pytest.raises(ProtocolError, match="expected tensors"):
+        new.join(Message("encoder_state", header, {k: v for k, v in list(tensors.items())[1:]}), 3)
+    name = next(iter(tensors))
+    with pytest.raises(ProtocolError, match=f"tensor '{name}'"):
+        new.join(Message("encoder_state", header, {**tensors, name: tensors[name][:1]}), 3)
