@@ -8,19 +8,25 @@ the rest, so every cut starts from the same initial weights as the unsplit agent
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .ppo import Categorical, TanhGaussian, clamp_log_std
 
-__all__ = ["ScaleObs", "ActorCriticHeads", "build_agent", "layer_init"]
+if TYPE_CHECKING:
+    from .envs import EnvSpec
+    from .settings import TrainSettings
+
+__all__ = ["ScaleObs", "ActorCriticHeads", "agent", "build_agent", "layer_init"]
 
 
 def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
     """Orthogonal weights and constant bias, as in CleanRL's PPO."""
     nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias)
+    if layer.bias is not None:
+        nn.init.constant_(layer.bias, bias)
     return layer
 
 
@@ -114,12 +120,16 @@ class ActorCriticHeads(nn.Module):
 
 def build_agent(
     obs_shape: tuple[int, ...], action_dim: int, cut: str, seed: int, init_log_std: float = 0.0,
-    discrete: bool = False,
+    discrete: bool = False, bottleneck: int = 0,
 ) -> tuple[nn.Sequential, ActorCriticHeads]:
     """(stage0 module, stage1 heads) for the cut 'cnn' or 'input', initialised from ``seed``.
 
     ``discrete``: the heads' actor gives ``action_dim`` logits (a Discrete action space
     of that many actions) instead of a Gaussian's mean (`ActorCriticHeads`).
+    ``bottleneck`` K > 0: the encoder ends with a learned linear projection of its
+    features to K values (orthogonal rows, no bias, no activation), so the heads' first
+    layers take K inputs: what crosses the cut ('cnn'), and the heads' first layers, shrink
+    with K. Trained end to end by PPO's loss like every other layer.
     The global RNG is left as it was, so building one stage in a process that also
     runs the other changes nothing.
     """
@@ -128,7 +138,16 @@ def build_agent(
         layers = _encoder_layers(obs_shape[0])
         with torch.no_grad():
             feature_dim = nn.Sequential(*layers)(torch.zeros((1,) + tuple(obs_shape), dtype=torch.uint8)).shape[1]
+        if bottleneck:
+            layers.append(layer_init(nn.Linear(feature_dim, bottleneck, bias=False), std=1.0))
+            feature_dim = bottleneck
         at = {"cnn": len(layers), "input": 0}[cut]
         heads = ActorCriticHeads(nn.Sequential(*layers[at:]), feature_dim, action_dim, init_log_std=init_log_std,
                                  discrete=discrete)
     return nn.Sequential(*layers[:at]), heads
+
+
+def agent(settings: "TrainSettings", spec: "EnvSpec") -> tuple[nn.Sequential, ActorCriticHeads]:
+    """`build_agent` for a run's settings and its environment."""
+    return build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed, settings.ppo.init_log_std,
+                       discrete=spec.discrete, bottleneck=settings.bottleneck)

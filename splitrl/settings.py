@@ -426,6 +426,9 @@ class TrainSettings:
     total_steps: int = doc(409_600, "environment steps to train for (the paper: 100 iterations of 4096)")
     cut: str = doc("cnn", "where the network is split: 'cnn' (after the encoder) or 'input' (cloud setup)",
                    choices=CUTS)
+    bottleneck: int = doc(0, "K > 0: the encoder ends with a learned linear projection of its 4096 features to K "
+                             "values (the heads' first layers take K), trained end to end: the rollout's and "
+                             "training's traffic and the replica's first layers shrink with K (0: none)")
     env: EnvSettings = field(default_factory=EnvSettings)
     ppo: PPOSettings = field(default_factory=PPOSettings)
     codecs: CodecSettings = field(default_factory=CodecSettings)
@@ -462,6 +465,8 @@ class TrainSettings:
             out.append(f"--cut must be one of {', '.join(CUTS)}, got {self.cut!r}")
         if self.seed < 0:
             out.append(f"--seed must be >= 0, got {self.seed}")
+        if self.bottleneck < 0:
+            out.append(f"--bottleneck must be >= 0 (0: none), got {self.bottleneck}")
         if not out and self.num_iterations < 1:
             out.append(
                 f"--total-steps {self.total_steps} is less than one iteration "

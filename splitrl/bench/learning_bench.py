@@ -47,6 +47,11 @@ CONFIGS: dict[str, list[str]] = {
     # and all weights every 80 minibatches, which keeps it under 1/20 of bf16's bytes.
     "ours-replica-sync": ["--codec-rollout", "int8+zstd", "--exchange", "replica:last_every=1,all_every=80"],
     "cloud-frames": ["--cut", "input", "--codec-rollout", "frames"],
+    # ours-replica-sync's bytes scale with the cut's width: the rollout's 4096 features a step and the
+    # replica's 4096 x 512 first layers. A learned projection to 256 values at the end of the encoder
+    # (--bottleneck, trained end to end) shrinks both 16-fold (issue 18's target: <= 1,500 B a step).
+    "ours-bottleneck": ["--bottleneck", "256", "--codec-rollout", "int8+zstd",
+                        "--exchange", "replica:last_every=1,all_every=80"],
     # The schedules of splitrl/schedule/ with fp32 on the link, as `splitrl bench pipeline` measures them:
     # the paper's 4096 samples an iteration from 4 envs x 1024 steps in 4 groups, 2 micro-batches a
     # minibatch, envs in worker processes; then the same with the rollout of the next iteration running

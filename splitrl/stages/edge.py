@@ -30,7 +30,7 @@ from torch import nn
 
 from ..codecs import CodecError, CodecSet, Context
 from ..envs import EnvSpec, choose_vector, make_vector_env, restore_vector_env, to_chw, vector_env_state
-from ..models import build_agent
+from ..models import agent
 from ..ppo import anneal, minibatch_schedule
 from ..runs import RunLog
 from ..settings import TrainSettings
@@ -68,8 +68,7 @@ class Edge:
         """``--encoder-sync avg``: the encoder as the fleet last agreed on it (`encoder_change`, `take_average`)."""
         self.vector = choose_vector(vector, settings.env.num_envs)
         """'sync': the environments step in this process; 'async': in worker processes (`splitrl.envs.StepInTwo`)."""
-        self.net, _ = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed,
-                                  settings.ppo.init_log_std, discrete=spec.discrete)
+        self.net, _ = agent(settings, spec)
         self.params = list(self.net.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=settings.ppo.lr_encoder, eps=1e-5) if self.params else None
         self.acting = copy.deepcopy(self.net).requires_grad_(False) if acting_copy else self.net
@@ -292,8 +291,7 @@ class Edge:
         """``encoder_avg``'s parts: this edge's encoder's change since the fleet last averaged (``--encoder-sync
         avg``), through the dense codec ``mode``."""
         if self.encoder_average is None:  # the fleet agreed on the encoder built from the seed, or the one joined
-            start = build_agent(self.spec.obs_shape, self.spec.action_dim, self.settings.cut, self.settings.seed,
-                                self.settings.ppo.init_log_std, discrete=self.spec.discrete)[0]
+            start = agent(self.settings, self.spec)[0]
             agreed = self.joined_weights or {ENCODER_PREFIX + n: p for n, p in start.named_parameters()}
             self.encoder_average = WeightSync(agreed.items(), mode, "encoder average")
         return self.encoder_average.delta((ENCODER_PREFIX + n, p) for n, p in self.net.named_parameters())

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..envs import EnvSpec, make_single_env, to_chw
-from ..models import ActorCriticHeads, build_agent
+from ..models import ActorCriticHeads, agent
 from ..runs import checkpoint_iterations, load_checkpoint
 from ..settings import SettingsError, TrainSettings
 from .protocol import STAGE0, STAGE1
@@ -125,8 +125,7 @@ class Evaluation:
         """Score ``encoder`` with heads of ``heads_state``; the metrics keys of the iteration's record."""
         s = self.settings
         if self._heads is None:
-            _, self._heads = build_agent(self.spec.obs_shape, self.spec.action_dim, s.cut, s.seed, s.ppo.init_log_std,
-                                         discrete=self.spec.discrete)
+            _, self._heads = agent(s, self.spec)
         self._heads.load_state_dict(heads_state)
         result = evaluate(s, encoder, self._heads, self.spec, episodes=self.episodes, seed=eval_seed(s))
         return {"eval/return_mean": result.mean, "eval/return_std": result.std, "eval/episodes": len(result.returns)}
@@ -160,8 +159,7 @@ def load_agent(run_dir: str | Path, iteration: int | None = None, stage1_dir: st
         iteration = both[-1]
     elif iteration not in both:
         raise SettingsError(f"--iteration {iteration}: no checkpoint pair of it; there are {both}")
-    encoder, heads = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed,
-                                 settings.ppo.init_log_std, discrete=spec.discrete)
+    encoder, heads = agent(settings, spec)
     encoder.load_state_dict(load_checkpoint(run_dir, STAGE0, iteration)["net"])
     heads.load_state_dict(load_checkpoint(stage1_dir, STAGE1, iteration)["heads"])
     return settings, spec, encoder, heads, iteration

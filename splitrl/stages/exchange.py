@@ -42,6 +42,13 @@ class Sent:
     ctx: Context
 
 
+def relu_mask(settings: Any, seen: torch.Tensor) -> torch.Tensor | None:
+    """Where the features at the cut, as stage1 sees them, are non-zero: the only places a ReLU's gradient can
+    be (codecs may send the gradient there alone). None when the cut's features are no ReLU's: a
+    ``--bottleneck`` projection's are not."""
+    return None if settings.bottleneck else seen != 0
+
+
 class EdgeExchange:
     """Stage0's half. Subclasses say what is sent for the encoder's output and what the reply means."""
 
@@ -107,7 +114,8 @@ class FeaturesEdge(EdgeExchange):
         ctx = Context(idx=idx, global_step=self.edge.train_step)
         seen = self.codecs.pack("fwd", "features", features.detach(), ctx, tensors, header)
         # The gradient is zero wherever stage1's view of a ReLU feature is (the ef codec sends only the rest).
-        return Sent(features, Context(idx=idx, mask=seen != 0, global_step=ctx.global_step)), (tensors, header)
+        mask = relu_mask(self.edge.settings, seen)
+        return Sent(features, Context(idx=idx, mask=mask, global_step=ctx.global_step)), (tensors, header)
 
 
 class FeaturesLearner(LearnerExchange):
@@ -119,6 +127,7 @@ class FeaturesLearner(LearnerExchange):
         x = seen.detach().requires_grad_()
         learner.loss(idx, *learner.heads.outputs(x), minibatch).backward()
         tensors, header = {}, {}
-        self.codecs.pack("bwd", "grad", x.grad, Context(idx=idx, mask=seen != 0, global_step=step), tensors, header)
+        mask = relu_mask(learner.settings, seen)
+        self.codecs.pack("bwd", "grad", x.grad, Context(idx=idx, mask=mask, global_step=step), tensors, header)
         return tensors, header
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..codecs import CodecError, CodecSet, Context
 from ..envs import EnvSpec
-from ..models import ActorCriticHeads, build_agent
+from ..models import ActorCriticHeads, agent
 from ..ppo import RolloutBuffer, anneal, explained_variance, minibatch_schedule, ppo_loss
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
@@ -47,8 +47,7 @@ class Learner:
     def __init__(self, settings: TrainSettings, spec: EnvSpec, *, slots: int = 1, acting_copy: bool = False) -> None:
         self.settings, self.spec = settings, spec
         ppo = settings.ppo
-        stage0_net, self.heads = build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed,
-                                             ppo.init_log_std, discrete=spec.discrete)
+        stage0_net, self.heads = agent(settings, spec)
         self.params = list(self.heads.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=ppo.lr_heads, eps=1e-5)
         self.generator = torch.Generator().manual_seed(settings.seed)

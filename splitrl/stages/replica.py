@@ -54,7 +54,7 @@ import torch
 from torch import nn
 
 from ..codecs import CodecError, Context
-from ..models import ActorCriticHeads, build_agent
+from ..models import ActorCriticHeads, agent
 from ..settings import Exchange
 from ..transport import Message, ProtocolError
 from ..transport.errors import peer_repr
@@ -115,8 +115,7 @@ class ReplicaEdge(EdgeExchange):
         super().__init__(edge)
         s, spec = edge.settings, edge.spec
         self.exchange = s.codecs.parsed_exchange()
-        _, heads = build_agent(spec.obs_shape, spec.action_dim, s.cut, s.seed, s.ppo.init_log_std,
-                               discrete=spec.discrete)
+        _, heads = agent(s, spec)
         self.replica = heads.requires_grad_(False)  # never trained here: stage1's heads, as last sent
         self.sync = WeightSync(replicated(self.replica), self.exchange.sync)
         self.view = self.codecs.rollout_view()

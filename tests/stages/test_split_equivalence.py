@@ -46,6 +46,21 @@ def test_split_gradients_equal_unsplit_gradients():
         torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=name)
 
 
+def test_a_bottleneck_is_a_learned_projection_at_the_end_of_stage0_and_narrows_the_heads():
+    net0, heads = build_agent((4, 96, 96), 3, "cnn", seed=5, bottleneck=64)
+    plain0, plain_heads = build_agent((4, 96, 96), 3, "cnn", seed=5)
+    obs = torch.randint(0, 256, (2, 4, 96, 96), dtype=torch.uint8)
+    features = net0(obs)
+    assert features.shape == (2, 64) and bool((features < 0).any())  # no ReLU after the projection
+    assert heads.critic[0].in_features == heads.actor_mean[0].in_features == 64
+    assert plain_heads.critic[0].in_features == 4096
+    torch.testing.assert_close(net0[:-1](obs), plain0(obs), rtol=0, atol=0)  # the same CNN before it
+    projection = net0[-1].weight
+    torch.testing.assert_close(projection @ projection.T, torch.eye(64), atol=1e-5, rtol=0)  # orthogonal rows
+    whole, _ = build_agent((4, 96, 96), 3, "input", seed=5, bottleneck=64)
+    assert len(whole) == 0  # the cloud setup: stage1 holds the projection too
+
+
 def _load(run_dir, stage):
     return load_checkpoint(run_dir, stage, 2)
 
@@ -64,15 +79,18 @@ LOSSLESS = ["--codec-rollout", "relu+zstd", "--codec-fwd", "relu", "--codec-bwd"
 REPLICA = ["--codec-rollout", "int8", "--exchange", "replica"]
 # With updates during training too (TINY: 4 minibatches an iteration: small, small, all, none).
 REPLICA_SYNC = ["--codec-rollout", "int8", "--exchange", "replica:last_every=1,all_every=3"]
+# A learned projection to 32 values at the end of stage0 (a different network: split against twin only).
+BOTTLENECK = ["--bottleneck", "32", "--codec-rollout", "int8", "--codec-bwd", "ef:density=0.5,values=int8"]
+BOTTLENECK_REPLICA = ["--bottleneck", "32", "--codec-rollout", "int8", "--exchange", "replica:last_every=1,all_every=3"]
 
 
 @pytest.mark.parametrize(
     "cut, transport, codecs",
     [("cnn", "zmq", []), ("input", "zmq", []), ("cnn", "tcp", []), ("cnn", "torch-rpc", []), ("cnn", "zmq", LOSSLESS),
      ("input", "tcp", ["--codec-rollout", "frames"]), ("cnn", "zmq", REPLICA),
-     ("cnn", "zmq", REPLICA_SYNC)],
+     ("cnn", "zmq", REPLICA_SYNC), ("cnn", "zmq", BOTTLENECK), ("cnn", "zmq", BOTTLENECK_REPLICA)],
     ids=["cnn-zmq", "input-zmq", "cnn-tcp", "cnn-torch-rpc", "cnn-zmq-lossless-codecs", "input-tcp-frames",
-         "cnn-zmq-replica", "cnn-zmq-replica-sync"],
+         "cnn-zmq-replica", "cnn-zmq-replica-sync", "cnn-zmq-bottleneck", "cnn-zmq-bottleneck-replica"],
 )
 def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, cut, transport, codecs):
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
@@ -93,7 +111,7 @@ def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, cut, transport
         assert split_state.keys() == twin_state.keys()
         for name in split_state:
             assert torch.equal(split_state[name], twin_state[name]), f"{stage}.{name}"
-    if codecs and codecs not in (REPLICA, REPLICA_SYNC):  # lossless codecs must also match the plain run
+    if codecs and codecs not in (REPLICA, REPLICA_SYNC, BOTTLENECK, BOTTLENECK_REPLICA):  # lossless codecs must match the plain run
         baseline = subprocess.run(splitrl_cmd("train", "--run-dir", str(tmp_path / "plain"), *args[: -len(codecs)]),
                                   env=child_env(), capture_output=True, text=True, timeout=240)
         assert baseline.returncode == 0, baseline.stderr
