@@ -571,7 +571,8 @@ class RunOptions:
                         link=True)
     min_edges: int = doc(0, "stage1 of a fleet: when an edge dies, goes silent past --timeout or breaks the "
                              "protocol, drop it and train on with the rest while at least this many remain (its "
-                             "samples of that iteration left out); 0: every edge, so losing one ends the run",
+                             "samples left out from then on); below it, stage1 waits --rejoin seconds at the "
+                             "iteration's end for edges to join; 0: every edge",
                          link=True)
     edge_id: int = doc(-1, "stage0 of a fleet (--edges > 1): which edge this is, 0 .. edges - 1 (stage1's port pair "
                            "PORT + 2 x ID); -1: the first one free", link=True)

@@ -55,11 +55,12 @@ log = logging.getLogger(__name__)
 LINK_ERRORS = (PeerGone, PeerAbort, TransportTimeout, ProtocolError)
 """What an edge's link raises when the edge is gone, silent, stopping, or breaking the protocol."""
 
-POLL = 0.1
-"""Seconds a free place is listened at for a waiting stage0's hello at an iteration's end. With 0.01-0.02 s,
-edges started before stage1 at times had their hello never arrive (1 to 4 runs in 6 of /tmp-style trials:
-two edges, stage1 bound a second later); from 0.1 s on none did in 18. The cause is not found (an
-interplay of short polls with the gate's connection bookkeeping is the guess)."""
+POLL = 0.05
+"""Seconds a free place is listened at for a waiting stage0's hello at an iteration's end (the answer may take
+the link's --timeout to leave: a stage0's receiving connection can come up after its hello arrived)."""
+
+START_GRACE = 5.0
+"""With ``--min-edges`` M < N, how long the start waits for more once M edges are in."""
 
 KEEPALIVE = 5.0
 """While stage1 waits for edges, a ``progress`` to those there every this many seconds."""
@@ -181,7 +182,9 @@ class Roster:
         self.links[g].new_session()  # a stage0 that comes to this place next is a new edge
 
     def expect(self, g: int, kind: str, **header: Any) -> Message | None:
-        """`expect` on edge ``g``'s link; None if that dropped the edge."""
+        """`expect` on edge ``g``'s link; None if the edge was dropped, before or by this."""
+        if not self.alive[g]:
+            return None
         try:
             return expect(self.links[g], kind, **header)
         except LINK_ERRORS as exc:
@@ -226,46 +229,63 @@ class Roster:
             if now >= keepalive:
                 for g in self.live():
                     self.send(g, "progress", header={"waiting": "edges"})
+                for g in list(answered) if iteration else []:  # joiners wait for their encoder_state too
+                    try:
+                        self.links[g].send("progress", header={"waiting": "edges"})
+                    except LINK_ERRORS as exc:
+                        self._refuse(g, f"could not keep it waiting: {exc}")
+                        answered.remove(g)
                 keepalive = now + KEEPALIVE
 
+    def _refuse(self, g: int, why: str) -> None:
+        log.warning("[stage1] edge %d's place: %s", g, why)
+        self.links[g].abort(f"stage1 did not take this edge: {why}")
+        self.links[g].new_session()
+
     def _answer(self, g: int, iteration: int) -> bool:
+        """Whether a stage0's hello was waiting at place ``g`` and is answered (``join_after``: ``iteration``)."""
         link = self.links[g]
         try:
-            hello = answer_hello(link, STAGE1, STAGE0, self.shared, timeout=POLL, extra={"join_after": iteration})
+            hello = answer_hello(link, STAGE1, STAGE0, self.shared, timeout=POLL, extra={"join_after": iteration},
+                                 reply_timeout=link.timeout)
             if hello.get("edge") != g:
                 raise HandshakeError(f"{link.peer}: edge {g}'s place, taken by a stage0 that says it is edge "
                                      f"{peer_repr(hello.get('edge'))}")
-        except TransportTimeout:
+        except TransportTimeout as exc:
+            if link.session is not None:  # the hello came, the answer could not leave
+                self._refuse(g, f"could not answer its hello: {exc}")
             return False
         except LINK_ERRORS as exc:
-            log.warning("[stage1] refused a stage0 at edge %d's place: %s", g, exc)
-            link.abort(f"stage1 refused this edge: {exc}")
-            link.new_session()
+            self._refuse(g, f"refused a stage0: {exc}")
             return False
         log.info("[stage1] edge %d of %d connected%s", g, len(self.links),
                  f" (joins after iteration {iteration})" if iteration else "")
         return True
 
     def start(self, timeout: float) -> None:
-        """The first edges: every place's, or ``min_edges`` of them within ``timeout`` (the rest may join at an
-        iteration's end)."""
+        """The first edges: every place's, or, within ``timeout``, ``min_edges`` of them and those that come in
+        the `START_GRACE` seconds after (the rest may join at an iteration's end)."""
         for g in self.admit(0, timeout):
             self.alive[g] = True
         self.require(timeout)
+        grace = time.monotonic() + START_GRACE
+        while self.free() and time.monotonic() < grace:
+            for g in self.free():
+                if self._answer(g, 0):
+                    self.alive[g] = True
 
     def welcome(self, joiners: list[int], source: int, iteration: int) -> None:
         """Give edges answered at the end of ``iteration`` (`admit`) the encoder of edge ``source``, which
-        was asked for it (``share_encoder``); they are edges of the fleet from the next iteration."""
-        msg = self.expect(source, "encoder_state", iteration=iteration)
+        was asked for it (``share_encoder``); they are edges of the fleet from the next iteration. If the
+        source is gone by now, they are told to come again."""
+        msg = self.expect(source, "encoder_state", iteration=iteration) if source >= 0 else None
         for g in joiners:
             try:
                 if msg is None:
-                    raise PeerGone(f"edge {source}, whose encoder it was to start from, is gone")
+                    raise PeerGone(f"edge {source}, whose encoder it was to start from, is gone; start again")
                 self.links[g].send("encoder_state", dict(msg.tensors), dict(msg.header))
             except LINK_ERRORS as exc:
-                log.warning("[stage1] edge %d could not join: %s", g, exc)
-                self.links[g].abort(f"could not join the fleet: {exc}")
-                self.links[g].new_session()
+                self._refuse(g, f"could not join: {exc}")
                 continue
             self.alive[g] = True
             self.joined += 1
@@ -322,15 +342,15 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run
             for epoch, minibatches in enumerate(schedule):
                 for mb, idx in enumerate(minibatches):
                     owner = idx % s.env.num_envs // per_edge
-                    for g in roster.live():
-                        share = idx[owner == g]
-                        if not len(share):
-                            continue
-                        msg = roster.expect(g, "train_fwd", epoch=epoch, mb=mb)
-                        if msg is None:
+                    # Every share's features first, so the minibatch's members are known before any loss.
+                    shares = [(g, share, roster.expect(g, "train_fwd", epoch=epoch, mb=mb))
+                              for g, share in ((g, idx[owner == g]) for g in roster.live()) if len(share)]
+                    members = idx[roster.members(owner)]
+                    for g, share, msg in shares:
+                        if msg is None or not roster.alive[g]:
                             continue
                         with busy("heads"):
-                            tensors, header = exchange.learn(msg, share, idx[roster.members(owner)])
+                            tensors, header = exchange.learn(msg, share, members)
                         roster.send(g, "train_bwd", tensors, {**header, "epoch": epoch, "mb": mb})
                     with busy("heads"):
                         learner.optimizer_step()
@@ -360,13 +380,14 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run
             joiners = roster.admit(iteration, waited)
         learner.stats["fleet/edges"].append(float(len(ends)))
         learner.stats["fleet/dropped"].append(float(roster.dropped))
-        learner.stats["fleet/joined"].append(float(roster.joined + len(joiners)))
-        extras = [{"share_encoder": True} if joiners and k == 0 else {} for k in range(len(ends))]
+        learner.stats["fleet/joined"].append(float(roster.joined))  # joins of this iteration's end count next
+        source = next((g for g, _ in ends if roster.alive[g]), None)  # gives a joiner its encoder
+        extras = [{"share_encoder": True} if joiners and g == source else {} for g, _ in ends]
         stage1_finish(learner, exchange, [roster.link(g) for g, _ in ends], busy, iteration, schedule, run_log,
                       cpu_start, rollout, msgs=[msg for _, msg in ends], extras=extras)
         if joiners:
-            roster.welcome(joiners, ends[0][0], iteration)
-        if iteration < s.num_iterations:
+            roster.welcome(joiners, source if source is not None else -1, iteration)
+        if waited:  # stage1 waited --rejoin seconds; a fleet that fell short later waits at the next end
             roster.require(waited)
     roster.gather("close")
     return s.num_iterations

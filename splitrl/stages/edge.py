@@ -43,6 +43,9 @@ __all__ = ["Edge", "EMA_DECAY"]
 
 log = logging.getLogger(__name__)
 
+JOIN_SEED_STRIDE = 1_000_003
+"""How far a late edge's env seeds move per iteration it joined after (far beyond any fleet's env count)."""
+
 EMA_DECAY = 0.9
 """The paper smooths episodic returns with an EMA of this decay, one update per episode."""
 
@@ -62,6 +65,8 @@ class Edge:
         """Which edge of a fleet this is (`ScheduleSettings.edges`): its envs are the fleet's envs
         ``offset .. offset + num_envs - 1`` of `total_envs`, seeded, named and indexed as those."""
         self.offset, self.total_envs = edge * settings.env.num_envs, settings.total_envs
+        self.joined_after = 0
+        """A fleet's late edge: the iteration after which it joined (`join`); 0 for the others."""
         self.joined_weights: dict[str, torch.Tensor] | None = None
         """A fleet's late edge: the encoder it joined with (`join`), the first view it averages against."""
         self.encoder_average: WeightSync | None = None
@@ -135,7 +140,8 @@ class Edge:
                                            reward_gamma=s.ppo.gamma if s.ppo.norm_reward else None)
             self.envs.append(env)
             self.steppers.append(stepper)
-            obs = env.reset(seed=s.seed + self.offset + int(envs[0]))[0]
+            # A fleet's late edge does not replay its place's first episodes: its seeds move on by the iteration.
+            obs = env.reset(seed=s.seed + self.offset + int(envs[0]) + JOIN_SEED_STRIDE * self.joined_after)[0]
             self.next_obs.append(obs if self.saved_envs is None else restore_vector_env(env, self.saved_envs[g]))
         self.saved_envs = None
 
@@ -300,15 +306,16 @@ class Edge:
         """What an edge joining the fleet after this iteration needs to train on as one of it (``encoder_state``):
         the encoder's weights and its optimizer's moments (every edge's are the same with ``--encoder-sync grad``,
         and after an average with ``avg`` the weights are), the iteration and the fleet's step count."""
-        tensors = {f"net.{name}": t.detach() for name, t in self.net.state_dict().items()}
+        # Copies: a large tensor leaves zero-copy, after this edge may have stepped again.
+        tensors = {f"net.{name}": t.detach().clone() for name, t in self.net.state_dict().items()}
         step = 0
         if self.optimizer is not None:
             for p, (name, _) in zip(self.params, self.net.named_parameters()):
                 moments = self.optimizer.state.get(p)
                 if moments:
                     step = int(moments["step"])
-                    tensors[f"exp_avg.{name}"] = moments["exp_avg"]
-                    tensors[f"exp_avg_sq.{name}"] = moments["exp_avg_sq"]
+                    tensors[f"exp_avg.{name}"] = moments["exp_avg"].clone()
+                    tensors[f"exp_avg_sq.{name}"] = moments["exp_avg_sq"].clone()
         return tensors, {"iteration": self.train_iteration, "global_step": self.global_step, "adam_step": step}
 
     def join(self, msg: Message, iteration: int) -> None:
@@ -334,9 +341,12 @@ class Edge:
                         **{m: tensor(msg, f"{m}.{name}", tuple(p.shape), torch.float32).clone()
                            for m in ("exp_avg", "exp_avg_sq")}}
                     for i, (name, p) in enumerate(self.net.named_parameters())}
+            if any(bool((moments["exp_avg_sq"] < 0).any()) for moments in adam.values()):
+                raise ProtocolError("encoder_state: a second moment (exp_avg_sq) is negative")
             self.optimizer.load_state_dict({"state": adam, "param_groups": self.optimizer.state_dict()["param_groups"]})
         self.train_iteration = self.iteration = iteration
         self.global_step = global_step
+        self.joined_after = iteration
         self.joined_weights = {ENCODER_PREFIX + n: p.detach().clone() for n, p in self.net.named_parameters()}
 
     def take_average(self, msg: Message) -> None:

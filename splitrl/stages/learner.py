@@ -270,7 +270,7 @@ class Learner:
         b, ppo = self.train_buffer, self.settings.ppo
         whole = idx if minibatch is None else minibatch
         advantages = b.b_advantages[idx]
-        if ppo.norm_adv:
+        if ppo.norm_adv and len(whole) > 1:  # (one sample has no spread: a fleet's minibatch after drops)
             everything = b.b_advantages[whole]
             advantages = (advantages - everything.mean()) / (everything.std() + 1e-8)
         _, newlogprob, entropy, newvalue = self.heads.evaluate(mean, value, b.b_actions[idx])

@@ -109,14 +109,17 @@ def handshake(
 
 
 def answer_hello(transport: Transport, role: str, peer_role: str, settings: Mapping[str, Any],
-                 timeout: float | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 timeout: float | None = None, extra: Mapping[str, Any] | None = None,
+                 reply_timeout: float | None = None) -> dict[str, Any]:
     """The responder's side: wait for the initiator's ``hello`` (a stranger's frames before it are dropped),
     open a session, answer with our hash, the names of the settings that differ and the session id, then
-    check; returns the initiator's hello header or raises `HandshakeError`."""
+    check; returns the initiator's hello header or raises `HandshakeError`. The answer may take
+    ``reply_timeout`` to leave (default ``timeout``): a peer's receiving connection can come up after its
+    hello arrived, so a short wait for the hello needs a longer one for the answer."""
     msg = transport.recv_opening(HELLO_KIND, timeout=timeout)
     theirs = msg.header.get("settings")
     differ = differing(settings, theirs) if msg.header.get("settings_hash") != settings_hash(settings) else []
     transport.session = new_session()
-    send_hello(transport, role, settings, timeout, {**(extra or {}), **({"differ": differ} if differ else {})},
-               reveal=False)
+    send_hello(transport, role, settings, timeout if reply_timeout is None else reply_timeout,
+               {**(extra or {}), **({"differ": differ} if differ else {})}, reveal=False)
     return check_hello(msg, role, peer_role, settings, transport.peer)

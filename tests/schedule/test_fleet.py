@@ -1,6 +1,7 @@
 """A fleet: N edges, one stage1, one policy. N edges x E envs train as 1 edge x N*E envs in N groups."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -386,3 +387,40 @@ def test_a_joining_edge_takes_the_encoder_and_its_optimizer_and_refuses_a_wrong_
     name = next(iter(tensors))
     with pytest.raises(ProtocolError, match=f"tensor '{name}'"):
         new.join(Message("encoder_state", header, {**tensors, name: tensors[name][:1]}), 3)
+
+
+def test_a_hello_is_answered_when_the_edges_receiving_connection_comes_up_after_it():
+    """stage0's hello arrives before its receiving socket is connected: the answer waits for it (the link's
+    --timeout), instead of failing after the short listen and leaving the hello consumed and unanswered."""
+    import threading
+
+    import zmq
+
+    from splitrl.schedule.fleet import Roster
+    from splitrl.stages.protocol import LIMITS
+    from splitrl.transport.handshake import PROTOCOL_VERSION, settings_hash
+    from splitrl.transport.wire import decode, encode
+    from splitrl.transport.zmq_transport import ZmqTransport, paired_endpoint
+
+    shared = TrainSettings(schedule=ScheduleSettings(edges=2)).shared()
+    link = ZmqTransport("tcp://127.0.0.1:0", bind=True, timeout=10, limits=LIMITS, heartbeat=2, name="edge 0")
+    ctx = zmq.Context()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    try:
+        push.connect(link.endpoint)
+        header = {"proto": PROTOCOL_VERSION, "role": "stage0", "settings_hash": settings_hash(shared), "edge": 0}
+        push.send_multipart(encode("hello", 0, header, None))
+        late = threading.Timer(0.5, pull.connect, args=(paired_endpoint(link.endpoint),))
+        late.start()
+        time.sleep(0.2)
+        roster = Roster([link], shared, min_edges=1)
+        assert roster._answer(0, 0) is True
+        late.join()
+        assert pull.poll(5000) != 0
+        reply = decode(pull.recv_multipart(), LIMITS)
+        assert reply.kind == "hello" and reply.header["join_after"] == 0
+    finally:
+        link.close()
+        push.close(0)
+        pull.close(0)
+        ctx.term()
