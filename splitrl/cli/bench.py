@@ -237,6 +237,32 @@ def bench_fleet(edge_counts: str, iterations: int, num_steps: int, out_dir: str 
     _write_json(json_path, rows)
 
 
+@bench.command("capacity")
+@click.option("--edges", "edge_counts", default="1,8,32,128", show_default=True, help="comma-separated edge counts")
+@click.option("--seconds", default=10.0, show_default=True, help="measured seconds per edge count (after --warmup)")
+@click.option("--warmup", default=3.0, show_default=True, help="seconds of requests not counted first")
+@click.option("--codec-rollout", "codec", default="fp32", show_default=True, help="the step messages' features codec")
+@click.option("--bottleneck", default=0, show_default=True, help="features of the network with --bottleneck K")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="keep stage1's logs and capacity.json here")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
+def bench_capacity(edge_counts: str, seconds: float, warmup: float, codec: str, bottleneck: int, out_dir: str | None,
+                   json_path: str | None) -> None:
+    """One stage1 (on one core) against fake edges replaying captured step messages (on the other): acting
+    requests answered per second and their round trip, p50 and p99, per edge count."""
+    from ..bench.capacity_bench import capacity_table, run_capacity_bench
+
+    def go() -> list:
+        counts = [int(x) for x in edge_counts.split(",") if x.strip()]
+        if not counts or min(counts) < 1:
+            raise SettingsError(f"--edges: comma-separated counts >= 1, got {edge_counts!r}")
+        return run_capacity_bench(counts, seconds, warmup, codec, bottleneck, out_dir,
+                                  echo=lambda line: click.echo(line, err=True))
+
+    rows = run_cli(go)
+    click.echo(capacity_table(rows))
+    _write_json(json_path, rows)
+
+
 @bench.command("fuzz")
 @click.option("--cases", default=100_000, show_default=True, help="mutated messages fed to the decoder")
 @click.option("--live", default=300, show_default=True,
