@@ -195,15 +195,24 @@ def bench_vector(envs: str, samples: int, env_id: str, threads: int, json_path: 
     from ..bench.vector_bench import run_vector_bench, vector_table
 
     def go() -> list:
-        counts = [int(x) for x in envs.split(",") if x.strip()]
-        if not counts or min(counts) < 1:
-            raise SettingsError(f"--envs: comma-separated counts >= 1, got {envs!r}")
+        counts = _counts("--envs", envs)
         return run_vector_bench(counts, samples, env_id, threads, progress=lambda row: click.echo(
             f"{row['num_envs']} envs, {row['vector']}: {row['samples_per_s']:.1f} samples/s", err=True))
 
     rows = run_cli(go)
     click.echo(vector_table(rows))
     _write_json(json_path, rows)
+
+
+def _counts(option: str, text: str) -> list[int]:
+    """``1,2,4`` as [1, 2, 4]; `SettingsError` unless they are counts >= 1."""
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise SettingsError(f"{option}: comma-separated counts >= 1, got {text!r}")
+    return counts
 
 
 @bench.command("fleet")
@@ -222,9 +231,7 @@ def bench_fleet(edge_counts: str, iterations: int, num_steps: int, out_dir: str 
     from ..bench.fleet_bench import fleet_rows, fleet_table, run_fleet_bench
 
     def go() -> list:
-        counts = [int(x) for x in edge_counts.split(",") if x.strip()]
-        if not counts or min(counts) < 1:
-            raise SettingsError(f"--edges: comma-separated counts >= 1, got {edge_counts!r}")
+        counts = _counts("--edges", edge_counts)
         if table_only:
             if not out_dir:
                 raise SettingsError("--table-only reads the runs in --out: give --out")
@@ -252,9 +259,7 @@ def bench_capacity(edge_counts: str, seconds: float, warmup: float, codec: str, 
     from ..bench.capacity_bench import capacity_table, run_capacity_bench
 
     def go() -> list:
-        counts = [int(x) for x in edge_counts.split(",") if x.strip()]
-        if not counts or min(counts) < 1:
-            raise SettingsError(f"--edges: comma-separated counts >= 1, got {edge_counts!r}")
+        counts = _counts("--edges", edge_counts)
         return run_capacity_bench(counts, seconds, warmup, codec, bottleneck, out_dir,
                                   echo=lambda line: click.echo(line, err=True))
 
