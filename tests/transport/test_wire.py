@@ -704,3 +704,14 @@ def test_deep_values_in_fixed_header_fields_do_not_recurse_when_reported():
         with pytest.raises(ProtocolError) as info:
             decode([msgpack.packb(header)])
         assert len(str(info.value)) < 300
+
+
+@pytest.mark.parametrize("dtype, big", [(torch.float32, 3e38), (torch.bfloat16, 3e38)])
+def test_finite_values_whose_sum_overflows_are_accepted_and_one_inf_among_them_is_not(dtype, big):
+    """The receiver checks a sum first (cheap); a sum that overflows from finite values is checked exactly."""
+    t = torch.full((4096,), big, dtype=dtype)
+    assert torch.isinf(t.sum(dtype=torch.float32))
+    assert decode([bytes(f) for f in encode("x", 0, tensors={"t": t})]).tensors["t"].equal(t)
+    t[7], t[9] = float("inf"), -float("inf")  # a sum of NaN: found all the same
+    with pytest.raises(ProtocolError, match="got 2 NaN or infinite of 4096"):
+        decode([bytes(f) for f in encode("x", 0, tensors={"t": t})])
