@@ -84,6 +84,8 @@ class Learner:
         self._parts: dict[str, float] = {}
         self.lagging = torch.zeros(0, dtype=torch.bool)
         """Which samples of the rollout being trained on an older policy acted on (flat, as ``b_*``)."""
+        self.proximal_values: torch.Tensor | None = None
+        """And the proximal network's values of them, the centre of their value clip."""
         self.proximal: torch.Tensor | None = None
         """Decoupled PPO's proximal log-probabilities of those samples (NaN until a minibatch first holds one)."""
         """The statistics of the minibatch being taken in parts, weighted by each part's share so far."""
@@ -231,12 +233,13 @@ class Learner:
         anneal(self.optimizer, ppo.lr_heads * ppo.lr_fraction(iteration, self.settings.num_iterations))
         self.train_buffer = buffer = self.buffers[slot]
         lag = (iteration - 1) - self.versions[slot]
-        weights, self.proximal = None, None
+        weights, self.proximal, self.proximal_values = None, None, None
         self.lagging = (lag > 0).reshape(-1)
         if bool(self.lagging.any()):
             logprob = self._logprobs(self.inputs[slot], buffer.actions)
             weights = torch.where(lag > 0, (logprob - buffer.logprobs).exp().clamp(max=1.0), torch.ones_like(logprob))
             self.proximal = torch.full_like(self.lagging, float("nan"), dtype=torch.float32)
+            self.proximal_values = torch.full_like(self.lagging, float("nan"), dtype=torch.float32)
         buffer.finish(self.last_values[slot], ppo.gamma, ppo.gae_lambda, weights)
         # Now, not at the iteration's end: by then the next rollout may be writing this slot.
         self.rollout_stats = {"losses/explained_variance": explained_variance(buffer.b_values, buffer.b_returns)}
@@ -274,15 +277,20 @@ class Learner:
             everything = b.b_advantages[whole]
             advantages = (advantages - everything.mean()) / (everything.std() + 1e-8)
         _, newlogprob, entropy, newvalue = self.heads.evaluate(mean, value, b.b_actions[idx])
-        behaviour = b.b_logprobs[idx]
+        behaviour, old_values = b.b_logprobs[idx], b.b_values[idx]
         if self.proximal is not None:  # some samples lag: decoupled PPO for them (see `begin_training`)
+            assert self.proximal_values is not None
             prox = torch.where(torch.isnan(self.proximal[idx]), newlogprob.detach(), self.proximal[idx])
-            self.proximal[idx] = prox
+            prox_v = torch.where(torch.isnan(self.proximal_values[idx]), newvalue.detach(), self.proximal_values[idx])
+            self.proximal[idx], self.proximal_values[idx] = prox, prox_v
             lagging = self.lagging[idx]
             advantages = torch.where(lagging, advantages * (prox - behaviour).exp().clamp(max=1.0), advantages)
             behaviour = torch.where(lagging, prox, behaviour)
+            # The value clip too is centred on the proximal network: clipped against the acting network's
+            # values, a critic that moved more than clip_coef since then gets no gradient from those samples.
+            old_values = torch.where(lagging, prox_v, old_values)
         loss, stats = ppo_loss(
-            newlogprob, behaviour, advantages, newvalue, b.b_values[idx], b.b_returns[idx], entropy,
+            newlogprob, behaviour, advantages, newvalue, old_values, b.b_returns[idx], entropy,
             clip_coef=ppo.clip_coef, vf_coef=ppo.vf_coef, ent_coef=ppo.ent_coef,
             clip_vloss=ppo.clip_vloss, norm_adv=False,
         )

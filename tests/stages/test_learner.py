@@ -1,5 +1,6 @@
 """The learner's bookkeeping of policy versions: which samples lag, what they are weighted by."""
 
+import pytest
 import torch
 
 from splitrl.envs import EnvSpec
@@ -68,8 +69,22 @@ def test_samples_an_older_policy_acted_on_are_weighted_by_the_one_that_trains_an
     # Decoupled PPO for the lagging samples: clipped against the policy that trains as it first sees them, so a
     # first look starts at ratio 1; the behaviour log-probability enters only as the weight min(1, pi_prox / mu).
     with torch.no_grad():
+        # The lagging samples' targets are 3 above what version 0 said, and the critic moved there since: by
+        # more than the clip. (b_returns is a view of returns.)
+        b.returns[:2] += 3.0
+        learner.heads.critic[-1].bias.add_(3.0)
         loss = learner.loss(torch.arange(8), *learner.heads.outputs(second[:4].reshape(8, 4096)))
     assert abs(learner.stats["losses/approx_kl"][-1]) < 1e-6 and learner.stats["losses/clipfrac"][-1] == 0.0
     torch.testing.assert_close(learner.proximal[:4], logprob[:2].reshape(-1))  # t = 0, 1: the lagging ones
     assert learner.lagging.tolist() == [True] * 4 + [False] * 4
     assert torch.isfinite(loss)
+    # Their value clip is centred on the proximal values too: a first look is not clipped at all, while the others
+    # are clipped against the values the acting network gave.
+    with torch.no_grad():
+        new_values = learner.heads.outputs(second[:4].reshape(8, 4096))[1]
+    torch.testing.assert_close(learner.proximal_values[:4], new_values[:4])
+    centre = torch.cat([new_values[:4], behaviour_values.reshape(-1)[4:8]])
+    clipped = centre + (new_values - centre).clamp(-0.2, 0.2)
+    targets = b.returns.reshape(-1)[:8]
+    expected = 0.5 * torch.max((new_values - targets) ** 2, (clipped - targets) ** 2).mean()
+    assert learner.stats["losses/value_loss"][-1] == pytest.approx(float(expected), rel=1e-5)
