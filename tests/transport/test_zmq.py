@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import msgpack
@@ -247,7 +248,10 @@ def test_a_second_peer_is_refused_and_told_while_the_session_goes_on(make, raw_p
     first.send("y", {"a": torch.ones(2)})
     binder.send("z")
     assert binder.recv(timeout=T).kind == "y" and first.recv(timeout=T).kind == "z"
-    assert binder.gate.refused[BUSY] >= 2  # both of second's sockets (and the stray one, by now or soon)
+    deadline = time.monotonic() + T  # both of second's sockets (and the stray one): the gate's thread counts them
+    while binder.gate.refused[BUSY] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert binder.gate.refused[BUSY] >= 2
     assert binder.meter.entry(INVALID_KIND, "recv").messages == 0
 
 
