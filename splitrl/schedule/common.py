@@ -15,7 +15,7 @@ from ..stages.evaluate import Evaluation
 from ..transport import Message, ProtocolError, Transport
 from ..transport.errors import peer_repr
 
-__all__ = ["PhaseClock", "expect", "stops", "stage0_after_rollout", "iteration_stats", "IterationLog", "checkpoint_due", "stage0_finish",
+__all__ = ["PhaseClock", "expect", "after_progress", "stops", "stage0_after_rollout", "iteration_stats", "IterationLog", "checkpoint_due", "stage0_finish",
            "stage1_finish", "progress_line"]
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,20 @@ class PhaseClock:
 
 def expect(link: Transport, kind: str, **header: Any) -> Message:
     """The next message, which must be ``kind`` with these header values; `ProtocolError` otherwise."""
-    msg = link.recv()
+    return _checked(link, link.recv(), kind, header)
+
+
+def after_progress(link: Transport, kind: str, timeout: float | None = None, **header: Any) -> Message:
+    """`expect` for the first message that is not a ``progress`` (stage1 telling it is busy: training alone,
+    waiting for edges); ``timeout`` bounds the whole wait (default: each receive's own)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        msg = link.recv(None if deadline is None else max(0.001, deadline - time.monotonic()))
+        if msg.kind != "progress":
+            return _checked(link, msg, kind, header)
+
+
+def _checked(link: Transport, msg: Message, kind: str, header: dict[str, Any]) -> Message:
     if msg.kind != kind:
         wanted = f" ({', '.join(f'{k}={v}' for k, v in header.items())})" if header else ""
         raise ProtocolError(f"expected {kind!r}{wanted} from {link.peer}, got {msg.kind!r}")
@@ -88,12 +101,7 @@ def stage0_after_rollout(edge: Edge, exchange: EdgeExchange, link: Transport, cl
 
 def iteration_stats(link: Transport) -> dict[str, Any]:
     """After ``iter_end``: stage1's ``iter_stats`` header (``progress`` messages while it trains alone come first)."""
-    while True:
-        msg = link.recv()
-        if msg.kind == "iter_stats":
-            return dict(msg.header)
-        if msg.kind != "progress":
-            raise ProtocolError(f"after 'iter_end' expected 'progress' or 'iter_stats' from {link.peer}, got {msg.kind!r}")
+    return dict(after_progress(link, "iter_stats").header)
 
 
 def stage0_finish(edge: Edge, exchange: EdgeExchange, link: Transport, clock: PhaseClock, iteration: int,

@@ -205,17 +205,18 @@ class Roster:
         except LINK_ERRORS as exc:
             self.lose(g, exc)
 
-    def members(self, owner: torch.Tensor) -> torch.Tensor:
-        """Which samples (``owner``: each one's edge) belong to edges still in the fleet."""
-        return torch.tensor(self.alive)[owner]
+    def members(self, idx: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
+        """The samples ``idx`` (``owner``: each one's edge) of edges still in the fleet."""
+        return idx if all(self.alive) else idx[torch.tensor(self.alive)[owner]]
 
     def link(self, g: int) -> "_RosterLink":
         return _RosterLink(self, g)
 
-    def admit(self, iteration: int, wait: float) -> list[int]:
+    def admit(self, iteration: int, wait: float, want: int | None = None) -> list[int]:
         """Answer the ``hello`` of every stage0 waiting at a free place (``join_after``: ``iteration``); while
-        fewer than ``min_edges`` would be in, listen on up to ``wait`` seconds (a ``progress`` to the edges
-        there every `KEEPALIVE` seconds, so that they wait too). Returns the places answered."""
+        fewer than ``want`` (default ``min_edges``) would be in, listen on up to ``wait`` seconds (at an
+        iteration's end, a ``progress`` to the edges there every `KEEPALIVE` seconds, so that they wait too; at
+        the start they wait for their first action). Returns the places answered."""
         answered: list[int] = []
         now = time.monotonic()
         deadline, keepalive = now + wait, now + KEEPALIVE
@@ -224,12 +225,12 @@ class Roster:
                 if g not in answered and self._answer(g, iteration):
                     answered.append(g)
             now = time.monotonic()
-            if sum(self.alive) + len(answered) >= self.min_edges or now >= deadline:
+            if sum(self.alive) + len(answered) >= (want or self.min_edges) or now >= deadline:
                 return answered
-            if now >= keepalive:
+            if iteration and now >= keepalive:
                 for g in self.live():
                     self.send(g, "progress", header={"waiting": "edges"})
-                for g in list(answered) if iteration else []:  # joiners wait for their encoder_state too
+                for g in list(answered):  # joiners wait for their encoder_state too
                     try:
                         self.links[g].send("progress", header={"waiting": "edges"})
                     except LINK_ERRORS as exc:
@@ -268,11 +269,8 @@ class Roster:
         for g in self.admit(0, timeout):
             self.alive[g] = True
         self.require(timeout)
-        grace = time.monotonic() + START_GRACE
-        while self.free() and time.monotonic() < grace:
-            for g in self.free():
-                if self._answer(g, 0):
-                    self.alive[g] = True
+        for g in self.admit(0, START_GRACE, want=len(self.links)):
+            self.alive[g] = True
 
     def welcome(self, joiners: list[int], source: int, iteration: int) -> None:
         """Give edges answered at the end of ``iteration`` (`admit`) the encoder of edge ``source``, which
@@ -345,7 +343,7 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run
                     # Every share's features first, so the minibatch's members are known before any loss.
                     shares = [(g, share, roster.expect(g, "train_fwd", epoch=epoch, mb=mb))
                               for g, share in ((g, idx[owner == g]) for g in roster.live()) if len(share)]
-                    members = idx[roster.members(owner)]
+                    members = roster.members(idx, owner)
                     for g, share, msg in shares:
                         if msg is None or not roster.alive[g]:
                             continue

@@ -29,14 +29,14 @@ from ..runs import RunLog, check_fresh, checkpoint_iterations, default_run_dir, 
 from ..settings import RunOptions, SettingsError, TrainSettings
 from ..stages import LIMITS, STAGE0, STAGE1, Edge, Learner, edge_exchange, learner_exchange
 from ..stages.evaluate import Evaluation
-from ..transport import (Message, PeerAbort, PeerGone, ProtocolError, TcpTransport, Transport, TransportTimeout,
-                         ZmqTransport)
+from ..transport import PeerAbort, PeerGone, ProtocolError, TcpTransport, Transport, TransportTimeout, ZmqTransport
 from ..transport.curve import client_keys, server_keys
 from ..transport.endpoints import is_local, slot_endpoint
 from ..transport.errors import peer_repr
 from ..transport.handshake import HandshakeError, answer_hello, handshake
 from ..transport.local import LocalTransport
 from . import asynchronous, fleet, pipelined, sync
+from .common import after_progress
 
 SCHEDULES = {"sync": sync, "pipelined": pipelined, "async": asynchronous, "fleet": fleet}
 """``settings.schedule.mode`` -> the module whose ``stage0_loop`` / ``stage1_loop`` run it."""
@@ -183,7 +183,10 @@ def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, sta
         if join_after:  # a fleet that has trained: start from one of its edges' encoder
             if type(join_after) is not int or not 0 < join_after < edge.settings.num_iterations:
                 raise ProtocolError(f"hello: join_after must be an iteration of the run, got {peer_repr(join_after)}")
-            edge.join(joining_state(link, join_after, start_timeout), join_after)
+            # stage1's progress messages come first while it waits for more edges, trains, or the sharing edge
+            # scores the policy; joining is part of starting: --start-timeout
+            state = after_progress(link, "encoder_state", start_timeout, iteration=join_after)
+            edge.join(state, join_after)
             log.info("[stage0] joined the fleet after its iteration %d", join_after)
         if resume:
             iteration = _resume_point(hello, ours)
@@ -205,21 +208,6 @@ def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, sta
         link.abort(f"stage0 failed: {type(exc).__name__}: {exc}")
         raise
     return records
-
-
-def joining_state(link: Transport, iteration: int, timeout: float | None) -> Message:
-    """A fleet's new edge: the ``encoder_state`` stage1 relays after ``iteration`` (its ``progress`` messages
-    while it waits for more edges, trains or the sharing edge scores the policy come first), within
-    ``timeout`` (``--start-timeout``: joining is part of starting)."""
-    deadline = time.monotonic() + (timeout if timeout is not None else link.timeout)
-    while True:
-        msg = link.recv(max(0.001, deadline - time.monotonic()))
-        if msg.kind != "progress":
-            break
-    if msg.kind != "encoder_state" or msg.header.get("iteration") != iteration:
-        raise ProtocolError(f"expected 'encoder_state' (iteration={iteration}) from {link.peer}, got {msg.kind!r} "
-                            f"(iteration={peer_repr(msg.header.get('iteration'))})")
-    return msg
 
 
 def serve_stage1(learner: Learner, link: Transport, run_log: RunLog | None = None, *,

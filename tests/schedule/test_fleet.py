@@ -262,13 +262,15 @@ def test_a_roster_drops_an_edge_that_fails_and_ends_the_run_below_min_edges():
     assert roster.live() == [0] and roster.dropped == 2
     assert links[1].aborted is None and "ProtocolError" in links[2].aborted  # a gone edge's successor is not told
     assert links[1].sessions == links[2].sessions == 1  # whoever comes to their places next is a new edge
-    assert roster.members(torch.tensor([0, 1, 2, 0])).tolist() == [True, False, False, True]
+    idx = torch.tensor([10, 11, 12, 13])
+    assert roster.members(idx, torch.tensor([0, 1, 2, 0])).tolist() == [10, 13]  # edges 1 and 2's samples out
     roster.send(1, "action")  # a dropped edge is sent nothing more
     roster.link(1).send("iter_stats")
     roster.link(0).send("iter_stats")
     assert links[0].sent == ["iter_stats"] and roster.dropped == 2
 
     everyone = _started(Roster([_FakeLink(error=PeerGone("edge 0 is gone")), _FakeLink()], {}))  # all of them
+    assert everyone.members(idx, torch.tensor([0, 1, 1, 0])) is idx  # nobody dropped: the minibatch as it is
     with pytest.raises(PeerGone, match="^edge 0 is gone$"):
         everyone.expect(0, "step")
     assert everyone.alive == [True, True]
