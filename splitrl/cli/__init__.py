@@ -21,6 +21,7 @@ from .errors import run_cli
 from .evaluate import eval_cmd
 from .netem import lab, netem
 from .options import training_options
+from .plan import plan
 from .tools import codecs_cmd, keys, report
 from .train import curve, run, stage0, stage1, train
 
@@ -56,5 +57,5 @@ def main(verbose: bool) -> None:
     _install_signal_handlers()
 
 
-for _command in (stage0, stage1, train, run, curve, eval_cmd, codecs_cmd, bench, report, keys, netem, lab):
+for _command in (stage0, stage1, train, run, curve, eval_cmd, codecs_cmd, bench, report, keys, netem, lab, plan):
     main.add_command(_command)

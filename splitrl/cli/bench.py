@@ -268,6 +268,18 @@ def bench_capacity(edge_counts: str, seconds: float, warmup: float, codec: str, 
     _write_json(json_path, rows)
 
 
+@bench.command("plan")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
+def bench_plan(json_path: str | None) -> None:
+    """`splitrl plan` against the measured runs in docs/results/ (run from the repository's root, on an idle
+    machine: it times the networks): each bench's rows predicted from its synchronous row at 0 ms."""
+    from ..bench.plan_bench import check_plan, plan_table
+
+    rows = run_cli(lambda: check_plan(echo=lambda line: click.echo(line, err=True)))
+    click.echo(plan_table(rows))
+    _write_json(json_path, rows)
+
+
 @bench.command("fuzz")
 @click.option("--cases", default=100_000, show_default=True, help="mutated messages fed to the decoder")
 @click.option("--live", default=300, show_default=True,

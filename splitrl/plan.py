@@ -1,0 +1,368 @@
+"""The planner: seconds per iteration, bytes per env step, each machine's busy fraction and the staleness of a
+configuration on a link, predicted from measured rates; and a recommendation for a link.
+
+The rates come from a measured run on the machines in question (`calibrate`): a run's metrics give
+the env step time, each stage's compute over an iteration and the bytes of every stream. How a
+stage's compute divides between the rollout (one small batch per env step) and training (a
+minibatch's forward and backward, every epoch), and how it changes with the batch and the torch
+threads, comes from timing the same networks for a moment on this machine (`Timings`); the
+run's totals then set the level, so a busy machine's slower run calibrates a slower plan.
+
+The schedules (`predict`), per iteration of E envs x T steps, K epochs of B minibatches of b samples:
+
+- sync: every env step pays the envs, both stages' acting compute, a round trip and its bytes;
+  every minibatch pays both stages' compute, a round trip and its bytes. Nothing overlaps.
+- pipelined, G groups: a vector step takes the longest of one group's whole cycle (its envs, both
+  stages, the round trip) and each resource's share of the step (stage0, stage1, the link's bytes,
+  the cores the processes share). M micro-batches: a minibatch is a three-stage pipeline (stage0,
+  the link's bytes, stage1) of M items plus one round trip (the optimizer step is a barrier).
+- async: the rollout of i + 1 beside the training of i: the longer of the two, or all the CPU
+  work over the cores where the processes share them. Every sample is one version old.
+
+A "layout invariant" (Sample Factory, PipelineRL): the asynchronous schedule is balanced when the
+rollout produces samples as fast as training consumes them; `Plan.balance` is rollout time over
+training time (1.0 balanced; below, the rollout waits on the learner and staleness is at its cap).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from .errors import SettingsError
+from .runs import iteration_bytes, measured_records, read_metrics
+
+if TYPE_CHECKING:
+    from .envs import EnvSpec
+    from .settings import TrainSettings
+
+__all__ = ["Timings", "Rates", "Link", "Plan", "RunConfig", "load_run", "calibrate", "predict", "layouts", "recommend",
+           "TCP_GOODPUT"]
+
+TCP_GOODPUT = 1448 / 1514
+"""Application bytes per byte tc counts on a full-size segment (Ethernet 14 + IPv4 20 + TCP 20 + timestamps 12 of
+headers): what `splitrl bench lab` measured as the ceiling (docs/results/lab.md: 0.954-0.956 of the set rate)."""
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What a configuration costs on these machines, seconds of wall time of the stage alone."""
+
+    env_step: float
+    """One env's step (the simulator, the frame stack), in stage0's process."""
+    act0: float
+    act1: float
+    """One rollout step's compute on stage0 (encoder, codec) / stage1 (heads, sampling) for one group's envs."""
+    train0: float
+    train1: float
+    """One minibatch's compute on stage0 / stage1 at the configuration's threads."""
+    up_step: float
+    down_step: float
+    """Bytes on the link per env step during the rollout, stage0 -> stage1 / back."""
+    up_sample: float
+    down_sample: float
+    """Bytes per training sample per epoch, each way."""
+    other: float
+    """Bytes per iteration outside those (the rollout's end, the replica's updates, the iteration's stats)."""
+    per_byte: float = 0.0
+    """Seconds per byte the transport itself costs beyond the link's rate (loopback's copies and framing),
+    from the calibration run's wait on the link."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """The link between the stages: ``rate`` bits/s as tc sets it (0: unshaped) and the round trip in s."""
+
+    rate: float = 0.0
+    rtt: float = 0.0
+    cores: int = 2
+    """Cores of each machine."""
+    shared: bool = True
+    """Both stages (and the env workers) on the same machine's cores, as in every bench on one host."""
+
+    def transfer(self, nbytes: float, per_byte: float = 0.0) -> float:
+        rate = self.rate * TCP_GOODPUT / 8 if self.rate else math.inf
+        return nbytes / rate + nbytes * per_byte
+
+
+@dataclass(frozen=True)
+class Plan:
+    seconds: float
+    """Per iteration."""
+    rollout: float
+    training: float
+    bytes_per_step: float
+    busy0: float
+    busy1: float
+    """CPU seconds of each stage over the iteration's wall seconds (the env workers not in stage0's)."""
+    staleness: float
+    balance: float
+    """Rollout time over training time (the asynchronous schedule is balanced at 1.0)."""
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+def _batches(settings: "TrainSettings") -> tuple[int, int, int]:
+    """(envs per group, groups, minibatch samples)."""
+    envs = settings.env.num_envs
+    groups = settings.schedule.groups(envs) or envs
+    return envs // groups, groups, envs * settings.ppo.num_steps // settings.ppo.minibatches
+
+
+class Timings:
+    """The configuration's networks timed on this machine, on random observations, each call the median
+    of about ``seconds`` of calls after a warm-up (robust to a moment's contention, not to a machine kept
+    busy: time on an idle machine). Timed once per (threads, batch) and kept.
+
+    `act` is one rollout step for ``batch`` envs: stage0's encoder forward, stage1's heads sampling an
+    action. `train` is one minibatch's forward, backward and Adam step on each stage. ``threads``: torch
+    intra-op threads (0: torch's default)."""
+
+    def __init__(self, settings: "TrainSettings", spec: "EnvSpec", seconds: float = 1.0) -> None:
+        self.settings, self.spec, self.seconds = settings, spec, seconds
+        self._cache: dict[tuple[str, int, int], tuple[float, float]] = {}
+
+    def act(self, threads: int, batch: int) -> tuple[float, float]:
+        return self._timed("act", threads, batch)
+
+    def train(self, threads: int, minibatch: int) -> tuple[float, float]:
+        return self._timed("train", threads, minibatch)
+
+    def _timed(self, what: str, threads: int, batch: int) -> tuple[float, float]:
+        import torch
+
+        key = (what, threads or torch.get_num_threads(), batch)
+        if key not in self._cache:
+            before = torch.get_num_threads()
+            torch.set_num_threads(key[1])
+            try:
+                self._cache[key] = self._measure(what, batch)
+            finally:
+                torch.set_num_threads(before)
+        return self._cache[key]
+
+    def _measure(self, what: str, batch: int) -> tuple[float, float]:
+        import torch
+
+        from .models import agent
+
+        encoder, heads = agent(self.settings, self.spec)
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randint(0, 255, (batch, *self.spec.obs_shape), dtype=torch.uint8, generator=gen)
+        with torch.no_grad():
+            feats = encoder(x)
+        if what == "act":
+            with torch.no_grad():
+                return self._median(lambda: encoder(x)), self._median(lambda: heads.get_action_and_value(feats))
+        opt0, opt1 = torch.optim.Adam(encoder.parameters()), torch.optim.Adam(heads.parameters())
+
+        def step0() -> None:
+            out = encoder(x)
+            opt0.zero_grad()
+            out.backward(torch.ones_like(out) / out.numel())
+            opt0.step()
+
+        def step1() -> None:
+            f = feats.clone().requires_grad_(True)
+            _, logp, ent, value = heads.get_action_and_value(f)
+            opt1.zero_grad()
+            (value.square().mean() - logp.mean() - ent.mean()).backward()
+            opt1.step()
+
+        return self._median(step0), self._median(step1)
+
+    def _median(self, call) -> float:
+        call()
+        times: list[float] = []
+        while sum(times) < self.seconds or len(times) < 5:
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return sorted(times)[len(times) // 2]
+
+
+def _per_kind(records: Sequence[dict[str, Any]], kind: str, direction: str) -> float:
+    return sum(r.get(f"net/{kind}/{direction}_bytes", 0) for r in records) / len(records)
+
+
+def calibrate(run_dir: str | Path, target: "TrainSettings", *, threads: int, bytes_from: str | Path | None = None,
+              measured_link: Link = Link(), timings: Timings | None = None) -> Rates:
+    """The rates of ``target`` (at ``threads`` intra-op threads, 0: the default) on the machines ``run_dir``
+    was measured on.
+
+    ``run_dir``: a measured run, best a synchronous one (its phases are timed one at a time): its env step
+    time, and its stages' compute, which sets the level of the networks' `Timings` here.
+    ``bytes_from``: a run with the target's codecs and cut, for the bytes of each stream per sample
+    (default: ``run_dir``, which must then have them). ``measured_link``: the link ``run_dir`` ran on (what
+    its wait on the link beyond that link's round trips and rate is the transport's own cost per byte).
+    ``timings``: the networks' `Timings` on this machine, reused across calls (default: new ones).
+    """
+    run = Path(run_dir)
+    measured = load_run(run)
+    cal = measured.settings
+    used = measured_records(read_metrics(run), skip_last=True)
+    mean = lambda key: sum(float(r.get(key, 0.0)) for r in used) / len(used)  # noqa: E731
+    if cal.schedule.mode != "sync":
+        raise SettingsError(f"{run}: calibrate from a synchronous run (its phases are timed one at a time); "
+                            f"this one is {cal.schedule.mode}")
+    if target.bottleneck != cal.bottleneck or target.cut != cal.cut or target.env.env_id != cal.env.env_id:
+        raise SettingsError(f"{run}: the calibration run must have the target's network (cut, --bottleneck, env)")
+    timings = timings or Timings(target, measured.spec)
+    cal_g, _, cal_mb = _batches(cal)
+    tgt_g, _, tgt_mb = _batches(target)
+    (cal_act0, cal_act1), (cal_train0, cal_train1) = timings.act(measured.threads, cal_g), \
+        timings.train(measured.threads, cal_mb)
+    (act0, act1), (train0, train1) = timings.act(threads, tgt_g), timings.train(threads, tgt_mb)
+    steps, updates = cal.ppo.num_steps, cal.ppo.epochs * cal.ppo.minibatches
+    # The run's compute over what the networks alone take here: the level (the run's machine, its load, the
+    # codecs and the loss around the networks), one factor per stage.
+    level0 = mean("time/encoder") / (steps * cal_act0 + updates * cal_train0)
+    level1 = mean("time/heads") / (steps * cal_act1 + updates * cal_train1)
+    env_step = mean("time/env") / steps / (cal.env.num_envs if measured.vector == "sync" else 1)
+
+    source = used if bytes_from is None else measured_records(read_metrics(bytes_from), skip_last=True)
+    source_settings = cal if bytes_from is None else load_run(bytes_from).settings
+    if source_settings.codecs != target.codecs or source_settings.bottleneck != target.bottleneck:
+        raise SettingsError(f"{bytes_from or run}: its codecs or --bottleneck differ from the target's; pass "
+                            f"--bytes-from RUN_DIR of a measured run with the target's codecs")
+    s_steps = source_settings.ppo.num_steps * source_settings.env.num_envs
+    s_samples = s_steps * source_settings.ppo.epochs
+    up_step, down_step = _per_kind(source, "step", "sent") / s_steps, _per_kind(source, "action", "recv") / s_steps
+    up_sample = _per_kind(source, "train_fwd", "sent") / s_samples
+    down_sample = _per_kind(source, "train_bwd", "recv") / s_samples
+    total = sum(iteration_bytes(r) for r in source) / len(source)
+    other = total - s_steps * (up_step + down_step) - s_samples * (up_sample + down_sample)
+    cal_bytes = sum(iteration_bytes(r) for r in used) / len(used)
+    round_trips = steps + updates
+    beyond = mean("time/link_wait") - round_trips * measured_link.rtt - measured_link.transfer(cal_bytes)
+    per_byte = max(0.0, beyond) / cal_bytes if cal_bytes else 0.0
+    return Rates(env_step=env_step,
+                 act0=level0 * act0, act1=level1 * act1, train0=level0 * train0, train1=level1 * train1,
+                 up_step=up_step, down_step=down_step, up_sample=up_sample, down_sample=down_sample,
+                 other=max(0.0, other), per_byte=per_byte)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What a run directory says about how it ran: stage0's settings, the env, its options, torch's threads."""
+
+    settings: "TrainSettings"
+    spec: "EnvSpec"
+    threads: int
+    """Intra-op threads as run (the default resolved)."""
+    vector: str
+    """'sync' or 'async' as run."""
+
+
+def load_run(run_dir: str | Path) -> RunConfig:
+    import json
+
+    from .envs import EnvSpec, choose_vector
+    from .settings import TrainSettings
+
+    run = Path(run_dir)
+    path = next((run / n for n in ("config-stage0.json", "config.json") if (run / n).exists()), None)
+    if path is None:
+        raise SettingsError(f"{run}: no config-stage0.json (is it a splitrl run directory?)")
+    config = json.loads(path.read_text())
+    settings = TrainSettings.from_dict(config["settings"])
+    fields = {f.name for f in dataclasses.fields(EnvSpec)}
+    spec = EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["env_spec"].items() if k in fields})
+    options = config.get("options", {})
+    return RunConfig(settings, spec, int(config.get("torch_threads") or options.get("threads") or 0),
+                     choose_vector(options.get("vector", "sync"), settings.env.num_envs))
+
+
+def predict(settings: "TrainSettings", rates: Rates, link: Link, *, vector: str = "sync") -> Plan:
+    """Seconds per iteration (and the rest of `Plan`) of ``settings`` at ``rates`` on ``link``; ``vector``:
+    'sync' (the envs in stage0's process) or 'async' (one worker process each)."""
+    envs, steps = settings.env.num_envs, settings.ppo.num_steps
+    per_group, groups, minibatch = _batches(settings)
+    updates = settings.ppo.epochs * settings.ppo.minibatches
+    micro = settings.schedule.microbatches
+    cores = link.cores
+
+    def xfer(nbytes: float) -> float:
+        return link.transfer(nbytes, rates.per_byte)
+
+    # The rollout, per vector step (every env once).
+    in_process = vector == "sync"
+    env_group = rates.env_step * (per_group if in_process else max(1.0, per_group / cores))
+    up, down = xfer(per_group * rates.up_step), xfer(per_group * rates.down_step)
+    cycle = env_group + rates.act0 + rates.act1 + link.rtt + up + down
+    stage0_share = groups * (rates.act0 + (rates.env_step * per_group if in_process else 0.0))
+    stage1_share = groups * rates.act1
+    env_cpu = envs * rates.env_step
+    cpu_share = (env_cpu + groups * (rates.act0 + rates.act1)) / cores if link.shared else 0.0
+    if not link.shared and not in_process:
+        cpu_share = (env_cpu + groups * rates.act0) / cores
+    vector_step = max(cycle, stage0_share, stage1_share, groups * max(up, down), cpu_share)
+    if groups == 1:
+        vector_step = cycle
+    rollout = steps * vector_step
+
+    # Training, per minibatch.
+    # The link is full duplex: the features going up and the gradients coming down are two stages.
+    parts = [rates.train0, xfer(minibatch * rates.up_sample), rates.train1, xfer(minibatch * rates.down_sample)]
+    longest = max(parts)
+    update = longest + (sum(parts) - longest) / micro + link.rtt
+    if micro == 1:
+        update = sum(parts) + link.rtt
+    if link.shared:
+        update = max(update, (rates.train0 + rates.train1) / cores)
+    training = updates * update
+
+    other = xfer(rates.other)
+    cpu0 = steps * groups * rates.act0 + updates * rates.train0 + (env_cpu * steps if in_process else 0.0)
+    cpu1 = steps * groups * rates.act1 + updates * rates.train1
+    if settings.schedule.asynchronous and settings.schedule.max_staleness >= 1:
+        work = cpu0 + cpu1 + (0.0 if in_process else env_cpu * steps)
+        seconds = max(rollout, training, work / cores if link.shared else 0.0) + other
+        staleness = 1.0
+    else:
+        seconds = rollout + training + other
+        staleness = 0.0
+    samples = envs * steps
+    nbytes = samples * (rates.up_step + rates.down_step) + samples * settings.ppo.epochs * (
+        rates.up_sample + rates.down_sample) + rates.other
+    return Plan(seconds=seconds, rollout=rollout, training=training, bytes_per_step=nbytes / samples,
+                busy0=cpu0 / seconds, busy1=cpu1 / seconds, staleness=staleness,
+                balance=rollout / training if training else math.inf)
+
+
+def layouts(settings: "TrainSettings", *, allow_stale: bool = False) -> list[tuple[str, "TrainSettings", int]]:
+    """Candidate schedules for ``settings``' envs and samples: (name, settings, threads). The synchronous
+    one at torch's default threads; the overlapping ones at one thread a stage (two processes computing at
+    once), every divisor of the envs as groups, micro-batches 1, 2, 4 dividing the minibatch; ``allow_stale``:
+    the asynchronous schedule too (its samples are one version old: learning changes, docs/results/pipeline.md)."""
+    envs = settings.env.num_envs
+    _, _, minibatch = _batches(settings)
+    sched = settings.schedule
+    out = [("sync", dataclasses.replace(settings, schedule=dataclasses.replace(
+        sched, rollout_groups="1", microbatches=1, asynchronous=False)), 0)]
+    for groups in [g for g in range(1, envs + 1) if envs % g == 0]:
+        for micro in [m for m in (1, 2, 4) if minibatch % m == 0]:
+            if groups == 1 and micro == 1:
+                continue
+            for asynchronous in ((False, True) if allow_stale else (False,)):
+                name = f"{'async' if asynchronous else 'pipelined'} groups={groups} micro-batches={micro}"
+                out.append((name, dataclasses.replace(settings, schedule=dataclasses.replace(
+                    sched, rollout_groups=str(groups), microbatches=micro, asynchronous=asynchronous)), 1))
+    return out
+
+
+def recommend(settings: "TrainSettings", run_dir: str | Path, link: Link, *, vector: str,
+              bytes_from: str | Path | None = None, allow_stale: bool = False, measured_link: Link = Link(),
+              timings: Timings | None = None) -> list[tuple[str, "TrainSettings", Plan]]:
+    """Every `layouts` candidate's plan on ``link``, fastest first."""
+    plans = []
+    for name, candidate, threads in layouts(settings, allow_stale=allow_stale):
+        rates = calibrate(run_dir, candidate, threads=threads, bytes_from=bytes_from, measured_link=measured_link,
+                          timings=timings)
+        plans.append((name, candidate, predict(candidate, rates, link, vector=vector)))
+    return sorted(plans, key=lambda p: (round(p[2].seconds, 6), p[2].staleness))

@@ -1,0 +1,170 @@
+"""The planner: its schedules' arithmetic, its calibration on a committed run, its refusals, its command."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from splitrl.cli import main
+from splitrl.errors import SettingsError
+from splitrl.plan import TCP_GOODPUT, Link, Rates, Timings, calibrate, layouts, load_run, predict
+from splitrl.runs import measured_records, read_metrics
+from splitrl.settings import TrainSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+SYNC_RUN = ROOT / "docs/results/pipeline-latency/0ms-sync"
+"""A committed synchronous run of the paper configuration (1 env x 4096, float32, 2 threads)."""
+
+RATES = Rates(env_step=0.008, act0=0.0005, act1=0.001, train0=0.1, train1=0.05, up_step=16_384.0, down_step=68.0,
+              up_sample=16_384.0, down_sample=16_384.0, other=20_000.0)
+
+
+def _settings(**schedule) -> TrainSettings:
+    base = TrainSettings()
+    env = dataclasses.replace(base.env, num_envs=4)
+    ppo = dataclasses.replace(base.ppo, num_steps=1024)
+    return dataclasses.replace(base, env=env, ppo=ppo, schedule=dataclasses.replace(base.schedule, **schedule))
+
+
+class FixedTimings(Timings):
+    """Timings without the clock: act at a cost per call plus per env, train at a cost per minibatch; one thread
+    is ``slower`` times the default's."""
+
+    def __init__(self, slower: float = 1.5) -> None:
+        self.slower = slower
+
+    def act(self, threads: int, batch: int) -> tuple[float, float]:
+        f = self.slower if threads == 1 else 1.0
+        return f * (0.0003 + 0.0001 * batch), f * (0.0009 + 0.0001 * batch)
+
+    def train(self, threads: int, minibatch: int) -> tuple[float, float]:
+        f = self.slower if threads == 1 else 1.0
+        return f * 0.001 * minibatch, f * 0.0006 * minibatch
+
+
+def test_sync_is_the_sum_of_its_parts():
+    s = _settings()
+    link = Link(rate=100e6, rtt=0.02)
+    plan = predict(s, RATES, link, vector="sync")
+    bps = 100e6 * TCP_GOODPUT / 8
+    step = 4 * 0.008 + 0.0005 + 0.001 + 0.02 + 4 * (16_384 + 68) / bps
+    update = 0.1 + 0.05 + 0.02 + 128 * 2 * 16_384 / bps
+    assert plan.rollout == pytest.approx(1024 * step)
+    assert plan.training == pytest.approx(320 * update)
+    assert plan.seconds == pytest.approx(1024 * step + 320 * update + 20_000 / bps)
+    assert plan.staleness == 0
+    assert plan.bytes_per_step == pytest.approx(16_384 + 68 + 10 * 2 * 16_384 + 20_000 / 4096)
+
+
+def test_round_trips_cost_sync_each_and_the_overlapping_schedules_less():
+    plans = {}
+    for name, schedule in {"sync": {}, "groups": {"rollout_groups": "4"},
+                           "micro": {"rollout_groups": "4", "microbatches": 2},
+                           "async": {"rollout_groups": "4", "microbatches": 2, "asynchronous": True}}.items():
+        plans[name] = [predict(_settings(**schedule), RATES, Link(rate=1e9, rtt=rtt), vector="async")
+                       for rtt in (0.0, 0.02)]
+    extra = plans["sync"][1].seconds - plans["sync"][0].seconds
+    assert extra == pytest.approx((1024 + 320) * 0.02)  # every env step and every minibatch pays one
+    # (At 0 ms four groups' calls at one group's cost each are no gain over one call: only at 20 ms for them.)
+    for later, earlier, ats in (("groups", "sync", (1,)), ("micro", "groups", (0, 1)), ("async", "micro", (0, 1))):
+        for at in ats:
+            assert plans[later][at].seconds < plans[earlier][at].seconds, (later, at)
+    # Four groups of one env: a vector step is one group's cycle (its env, both stages, the trip: 29.5 ms),
+    # longer than the 4 envs' CPU on 2 cores (16 ms) and the acting; sync pays 2 envs a core and the trip.
+    bps = 1e9 * TCP_GOODPUT / 8
+    assert plans["groups"][1].rollout == pytest.approx(1024 * (0.008 + 0.0015 + 0.02 + (16_384 + 68) / bps))
+    assert plans["sync"][1].rollout == pytest.approx(1024 * (0.016 + 0.0015 + 0.02 + 4 * (16_384 + 68) / bps))
+    # The minibatches keep theirs.
+    assert plans["micro"][1].training - plans["micro"][0].training == pytest.approx(320 * 0.02)
+    assert plans["async"][1].staleness == 1 and plans["micro"][1].staleness == 0
+    longer = max(plans["async"][1].rollout, plans["async"][1].training)
+    assert plans["async"][1].seconds == pytest.approx(longer + 20_000 / bps)
+
+
+def test_a_thin_link_makes_bytes_the_bound():
+    s = _settings(rollout_groups="4", microbatches=4)
+    thin = predict(s, RATES, Link(rate=2e6), vector="async")
+    bps = 2e6 * TCP_GOODPUT / 8
+    # Up and down are separate directions: with many micro-batches training tends to the larger direction's time.
+    assert thin.training >= 320 * 128 * 16_384 / bps
+    assert thin.training < 320 * 128 * 2 * 16_384 / bps
+    assert thin.seconds > 10 * predict(s, RATES, Link(), vector="async").seconds
+
+
+def test_separate_machines_lift_the_shared_cores_bound():
+    s = _settings(rollout_groups="4", microbatches=2, asynchronous=True)
+    slow_env = dataclasses.replace(RATES, env_step=0.05)
+    shared = predict(s, slow_env, Link(cores=2), vector="async")
+    apart = predict(s, slow_env, Link(cores=2, shared=False), vector="async")
+    assert apart.seconds < shared.seconds
+
+
+def test_calibration_reproduces_its_own_run():
+    """Calibrated on a measured sync run, the plan of that run's own settings gives back its phases."""
+    run = load_run(SYNC_RUN)
+    rates = calibrate(SYNC_RUN, run.settings, threads=run.threads, timings=FixedTimings())
+    plan = predict(run.settings, rates, Link(), vector=run.vector)
+    used = measured_records(read_metrics(SYNC_RUN), skip_last=True)
+    phases = sum(used[0][k] for k in ("time/env", "time/encoder", "time/heads", "time/link_wait"))
+    assert plan.seconds == pytest.approx(phases, rel=0.01)
+    assert plan.seconds == pytest.approx(used[0]["time/iteration"], rel=0.02)
+    # The bytes are the run's meters: float32 features up, gradients down.
+    assert plan.bytes_per_step * 4096 == pytest.approx(1_410_189_688, rel=1e-3)
+    # One thread is 1.5x slower per call in FixedTimings: so is the plan's training at --threads 1.
+    one = calibrate(SYNC_RUN, run.settings, threads=1, timings=FixedTimings())
+    assert one.train0 == pytest.approx(1.5 * rates.train0)
+
+
+def test_calibration_refuses_what_it_cannot_measure(tmp_path):
+    run = load_run(SYNC_RUN)
+    bf16 = dataclasses.replace(run.settings, codecs=dataclasses.replace(run.settings.codecs, codec_rollout="bf16"))
+    with pytest.raises(SettingsError, match="--bytes-from"):
+        calibrate(SYNC_RUN, bf16, threads=0, timings=FixedTimings())
+    narrow = dataclasses.replace(run.settings, bottleneck=256)
+    with pytest.raises(SettingsError, match="network"):
+        calibrate(SYNC_RUN, narrow, threads=0, timings=FixedTimings())
+    pipelined = tmp_path / "pipelined"
+    shutil.copytree(SYNC_RUN, pipelined, ignore=shutil.ignore_patterns("checkpoints"))
+    config = json.loads((pipelined / "config-stage0.json").read_text())
+    config["settings"]["schedule"]["rollout_groups"] = "4"
+    config["settings"]["env"]["num_envs"] = 4
+    (pipelined / "config-stage0.json").write_text(json.dumps(config))
+    with pytest.raises(SettingsError, match="synchronous"):
+        calibrate(pipelined, run.settings, threads=0, timings=FixedTimings())
+    with pytest.raises(SettingsError, match="no config"):
+        load_run(tmp_path)
+
+
+def test_layouts_cover_the_schedules():
+    names = [name for name, _, _ in layouts(_settings())]
+    assert names[0] == "sync" and "pipelined groups=4 micro-batches=2" in names
+    assert not any(name.startswith("async") for name in names)
+    stale = layouts(_settings(), allow_stale=True)
+    assert all(s.schedule.asynchronous for name, s, _ in stale if name.startswith("async"))
+    assert all(threads == 1 for name, _, threads in stale if name != "sync")
+
+
+def test_timings_measure_the_networks():
+    run = load_run(SYNC_RUN)
+    timings = Timings(run.settings, run.spec, seconds=0.02)
+    act0, act1 = timings.act(1, 2)
+    train0, train1 = timings.train(1, 8)
+    assert all(0 < t < 10 and math.isfinite(t) for t in (act0, act1, train0, train1))
+    assert timings.act(1, 2) == (act0, act1)  # kept, not timed again
+
+
+def test_plan_command_recommends(monkeypatch):
+    monkeypatch.setattr("splitrl.plan.Timings", lambda settings, spec: FixedTimings())
+    result = CliRunner().invoke(main, ["plan", "--from", str(SYNC_RUN), "--rate", "20mbit", "--rtt", "20",
+                                       "--num-envs", "4", "--num-steps", "1024", "--recommend", "--allow-stale"])
+    assert result.exit_code == 0, result.output
+    assert "recommended: pipelined" in result.output
+    assert "| sync |" in result.output and "policy version old" in result.output
+    bad = CliRunner().invoke(main, ["plan", "--from", str(SYNC_RUN), "--codec-rollout", "bf16"])
+    assert bad.exit_code != 0 and "--bytes-from" in bad.output
