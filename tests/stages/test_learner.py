@@ -88,3 +88,50 @@ def test_samples_an_older_policy_acted_on_are_weighted_by_the_one_that_trains_an
     targets = b.returns.reshape(-1)[:8]
     expected = 0.5 * torch.max((new_values - targets) ** 2, (clipped - targets) ** 2).mean()
     assert learner.stats["losses/value_loss"][-1] == pytest.approx(float(expected), rel=1e-5)
+
+
+def _heads_grad(learner, parts):
+    """The heads' gradient after the loss of each (idx, minibatch) part, summed as the fleet's loop sums them."""
+    learner.heads.zero_grad()
+    features = learner.train_features
+    for idx, minibatch in parts:
+        learner.loss(idx, *learner.heads.outputs(features[idx]), minibatch).backward()
+    return [p.grad.clone() for p in learner.heads.parameters() if p.grad is not None]
+
+
+def test_a_dropped_edges_samples_take_no_part_in_the_heads_gradient():
+    """Two edges of one env each: edge 1 dropped, the minibatch is edge 0's share alone (`Roster.members`)."""
+    g = torch.Generator().manual_seed(1)
+    features = torch.rand(5, 2, 4096, generator=g)
+
+    def trained(poison: bool) -> list[torch.Tensor]:
+        learner = Learner(SETTINGS, SPEC)
+        _rollout(learner, 1, features)
+        learner.begin_training(1)
+        b = learner.train_buffer
+        learner.train_features = features[:4].reshape(8, 4096)
+        if poison:  # whatever edge 1's rows hold must not matter
+            for name in ("b_advantages", "b_returns", "b_values", "b_logprobs"):
+                getattr(b, name)[1::2] = 1e6
+        idx = torch.arange(8)
+        owner = idx % 2  # env e is edge e (one env per edge)
+        members = idx[owner == 0]
+        return _heads_grad(learner, [(members, members)])
+
+    alone = trained(False)
+    assert all(torch.isfinite(gr).all() for gr in alone)
+    assert all(torch.equal(a, b) for a, b in zip(alone, trained(True)))
+
+
+def test_a_minibatch_in_shares_gives_the_whole_minibatchs_gradient():
+    """The fleet's shares (one per edge, weighted by `Learner.loss`'s ``minibatch``) add up to the minibatch."""
+    g = torch.Generator().manual_seed(2)
+    features = torch.rand(5, 2, 4096, generator=g)
+    learner = Learner(SETTINGS, SPEC)
+    _rollout(learner, 1, features)
+    learner.begin_training(1)
+    learner.train_features = features[:4].reshape(8, 4096)
+    idx = torch.arange(8)
+    whole = _heads_grad(learner, [(idx, None)])
+    shares = _heads_grad(learner, [(idx[idx % 2 == e], idx) for e in (0, 1)])
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-5) for a, b in zip(whole, shares))
