@@ -277,6 +277,11 @@ class CodecSettings:
         "updated after each rollout and every N minibatches if asked; the change of the heads' outputs "
         "since the rollout and its gradient cross, 4 values a sample; fwd/bwd codecs fp32, bf16, fp16 or int8)",
     )
+    link_budget: str = doc(
+        "", "a link rate such as 2mbit: each iteration stage0 chooses each stream's setting, from the codec given "
+            "down (fewer bits, a lower density, a longer replica period), so that the iteration's bytes each way "
+            "fit this rate over the last iteration's compute time; the choices are logged as budget/* "
+            "(splitrl.stages.budget)")
 
     def errors(self, cut: str) -> list[str]:
         from .codecs import parse_codec  # codecs import the transport; settings stay import-light
@@ -313,6 +318,15 @@ class CodecSettings:
                            f"use one of {', '.join(OUTPUT_CODECS)}")
         if exchange is not None and exchange.name != "features" and cut == "input":
             out.append(f"--exchange {self.exchange!r}: with --cut input nothing crosses the link in training")
+        if self.link_budget:
+            from .netem.tc import parse_rate
+
+            try:
+                parse_rate(self.link_budget)
+            except ValueError as exc:
+                out.append(f"--link-budget: {exc}")
+            if cut == "input":
+                out.append("--link-budget needs --cut cnn (with --cut input the rollout carries pixels as they are)")
         return out
 
     def parsed_exchange(self) -> Exchange:
@@ -399,6 +413,8 @@ class ScheduleSettings:
         except SettingsError as exc:
             out.append(str(exc))
         if self.edges > 1:
+            if codecs.link_budget:
+                out.append("--link-budget works with one edge (--edges 1): each edge would choose on its own")
             if self.rollout_groups != "1" or self.microbatches != 1 or self.asynchronous:
                 out.append("--edges > 1 runs the fleet's own schedule: --rollout-groups 1, --microbatches 1, "
                            "no --async (the edges themselves are the groups)")

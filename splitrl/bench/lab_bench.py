@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 from ..launch import STOP_GRACE_S, supervise
 from ..netem.netns import Lab, LabNames
 from ..netem.tc import Shaping, format_rate, parse_rate
-from ..runs import summarise_run
+from ..runs import read_metrics, summarise_run
 from .lab import DEFAULT_PORT, measure_throughput, spawn_stages
 
 __all__ = [
@@ -41,7 +41,11 @@ __all__ = [
     "QUICK_RATES",
     "QUICK_MEASURE_BYTES",
     "BEST_CODECS",
+    "BUDGET_CODECS",
+    "BUDGET_PPO_ARGS",
+    "BUDGET_RATES",
     "CONFIGS",
+    "budget_configs",
     "auto_measure_bytes",
     "run_lab_bench",
     "lab_bench_table",
@@ -70,6 +74,17 @@ BEST_CODECS = (
 )
 """The codecs benchmark's best combination: int8 rollout features, top-2 % deltas forward, int8 error feedback back."""
 CONFIGS: dict[str, tuple[str, ...]] = {"fp32": (), "codecs": BEST_CODECS}
+BUDGET_RATES = ("2mbit", "5mbit", "20mbit")
+BUDGET_PPO_ARGS = tuple(v if k != "--total-steps" else "1536" for k, v in zip(("",) + PPO_ARGS, PPO_ARGS))
+"""`PPO_ARGS` for three iterations: the budget chooses from the second on, from the iteration before."""
+BUDGET_CODECS = ("--codec-rollout", "bf16", "--codec-fwd", "bf16", "--codec-bwd", "ef:density=0.5,values=bf16")
+"""Rich codecs with somewhere to go: bf16 down to int8 each way, the gradients' density from 1/2 down to 1/64."""
+
+
+def budget_configs(rate: str) -> dict[str, tuple[str, ...]]:
+    """``splitrl bench lab --budget``: `BUDGET_CODECS` as given ('fixed'), and with ``--link-budget`` at the lab's
+    own rate ('budget')."""
+    return {"fixed": BUDGET_CODECS, "budget": (*BUDGET_CODECS, "--link-budget", rate)}
 MEASURE_SECONDS = 10.0
 """The automatic throughput payload lasts about this long at the set rate."""
 RUN_TIMEOUT_S = 3600.0
@@ -110,14 +125,15 @@ def run_lab_bench(
     rates: Sequence[str] = DEFAULT_RATES,
     ppo_args: Sequence[str] = PPO_ARGS,
     *,
-    configs: dict[str, Sequence[str]] | None = None,
+    configs: dict[str, Sequence[str]] | Callable[[str], dict[str, Sequence[str]]] | None = None,
     measure_bytes: int | None = None,
     extra_args: Sequence[str] = (),
     out_dir: str | None = None,
     timeout: float = RUN_TIMEOUT_S,
     echo: Callable[[str], Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per (rate, configuration), rates in the order given, fp32 first.
+    """One row per (rate, configuration), rates in the order given, the configurations in theirs (default
+    `CONFIGS`; a callable gives each rate's).
 
     ``measure_bytes``: the throughput payload (None: `auto_measure_bytes` of each
     rate). ``extra_args`` go to both stages of every run after ``ppo_args`` and
@@ -125,7 +141,7 @@ def run_lab_bench(
     are ``out_dir/<rate>-<config>``, in a new temporary directory by default.
     """
     echo = echo or log.info
-    configs = dict(CONFIGS if configs is None else configs)
+    per_rate = configs if callable(configs) else (lambda rate: dict(CONFIGS if configs is None else configs))
     base = Path(out_dir or tempfile.mkdtemp(prefix="splitrl-lab-bench-"))
     shapings = [(rate, Shaping.parse(rate)) for rate in rates]  # every rate is checked before any lab
     rows: list[dict[str, Any]] = []
@@ -138,7 +154,7 @@ def run_lab_bench(
             echo(f"  throughput stage0 -> stage1, {payload // _MIB} MiB in 1 MiB messages ...")
             tput = measure_throughput(lab, payload)
             echo(f"  {tput.text()}")
-            for i, (config, codec_args) in enumerate(configs.items()):
+            for i, (config, codec_args) in enumerate(per_rate(rate).items()):
                 run_dir = base / f"{rate}-{config}"
                 echo(f"  training with {config} -> {run_dir}")
                 start = time.monotonic()
@@ -160,27 +176,38 @@ def run_lab_bench(
                     "ppo_args": list(ppo_args) + list(extra_args),
                     "run_dir": str(run_dir),
                     **{key: summary[key] for key in SUMMARY_KEYS},
+                    "budget": _budget_choices(run_dir),
                 })
     return _with_speedups(rows)
 
 
+def _budget_choices(run_dir: Path) -> list[dict[str, Any]]:
+    """Each iteration's ``--link-budget`` choice as its metrics logged it ([] without a budget)."""
+    return [{k.removeprefix("budget/"): v for k, v in r.items() if k.startswith("budget/")} | {"iteration": r["iteration"]}
+            for r in read_metrics(run_dir) if any(k.startswith("budget/") for k in r)]
+
+
 def _with_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each row's fp32 s/iteration at its rate over its own ("x faster than fp32"; None without an fp32 row)."""
-    fp32 = {r["rate"]: r["seconds_per_iteration"] for r in rows if r["config"] == "fp32"}
+    """Each row's reference (its rate's first configuration: fp32, or 'fixed' with ``--budget``) s/iteration over
+    its own, as ``speedup_vs_<reference>``."""
+    reference: dict[str, tuple[str, float]] = {}
     for r in rows:
-        ref = fp32.get(r["rate"])
-        r["speedup_vs_fp32"] = ref / r["seconds_per_iteration"] if ref and r["seconds_per_iteration"] else None
+        reference.setdefault(r["rate"], (r["config"], r["seconds_per_iteration"]))
+    for r in rows:
+        name, ref = reference[r["rate"]]
+        r[f"speedup_vs_{name}"] = ref / r["seconds_per_iteration"] if ref and r["seconds_per_iteration"] else None
     return rows
 
 
 def lab_bench_table(rows: list[dict[str, Any]], notes: bool = True) -> str:
     """The markdown table, and (``notes``) what each column means and the settings used."""
+    reference = rows[0]["config"] if rows else "fp32"
     lines = [
-        "| rate | achieved Mbit/s | achieved/set | config | s/iteration | MB/iteration | x faster than fp32 |",
+        f"| rate | achieved Mbit/s | achieved/set | config | s/iteration | MB/iteration | x faster than {reference} |",
         "|---|---:|---:|---|---:|---:|---:|",
     ]
     for r in rows:
-        speedup = "-" if r.get("speedup_vs_fp32") is None else f"{r['speedup_vs_fp32']:.2f}x"
+        speedup = "-" if r.get(f"speedup_vs_{reference}") is None else f"{r[f'speedup_vs_{reference}']:.2f}x"
         lines.append(
             f"| {format_rate(r['rate_bits'])} | {r['achieved_bits'] / 1e6:.2f} | {r['achieved_ratio']:.3f} "
             f"| {r['config']} | {r['seconds_per_iteration']:.1f} | {r['bytes_per_iteration'] / 1e6:.2f} | {speedup} |"
@@ -200,4 +227,11 @@ def lab_bench_table(rows: list[dict[str, Any]], notes: bool = True) -> str:
             "(both directions), mean over the same iterations; iterations used/run: "
             + ", ".join(f"{u} of {n}" for u, n in used) + " (the first is left out when there are two or more)",
         ]
+        for r in rows:
+            for choice in r.get("budget", []):
+                specs = ", ".join(f"{k.removeprefix('spec/')} {v}" for k, v in choice.items() if k.startswith("spec/"))
+                lines.append(f"- {format_rate(r['rate_bits'])} {r['config']}, iteration {choice['iteration']}: "
+                             f"{specs} (allowed {choice['allowed_up_bytes'] / 1e6:.2f} MB up, "
+                             f"{choice['allowed_down_bytes'] / 1e6:.2f} MB down; predicted "
+                             f"{choice['predicted_up_bytes'] / 1e6:.2f} / {choice['predicted_down_bytes'] / 1e6:.2f})")
     return "\n".join(lines)

@@ -378,10 +378,13 @@ def bench_swap(links: str, iterations: int, repeats: int, seconds: float, quick:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="keep the run directories (and each stage's log) here [default: a new temporary directory]")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
+@click.option("--budget", is_flag=True,
+              help="instead of fp32 against the best codecs: rich codecs as given against the same with --link-budget "
+                   "at the lab's rate (2, 5 and 20 Mbit/s unless --rates; three iterations a run)")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def bench_lab(ctx: click.Context, rates: str, quick: bool, measure_mib: float | None, out_dir: str | None,
-              json_path: str | None, extra: tuple[str, ...]) -> None:
+              json_path: str | None, budget: bool, extra: tuple[str, ...]) -> None:
     """Per link rate, in the lab: achieved throughput, and a short PPO run's s/iteration with fp32 and the best codecs.
 
     The short run is 2 iterations of 512 CarRacing steps, 2 epochs of 4 minibatches,
@@ -389,11 +392,14 @@ def bench_lab(ctx: click.Context, rates: str, quick: bool, measure_mib: float | 
     -- --timeout 120. Needs root. Roughly 10-20 minutes on an idle 2-core machine: fp32 moves
     about 42 MB per iteration, over a minute of link time per iteration at 5 Mbit/s.
     """
-    from ..bench.lab_bench import PPO_ARGS, QUICK_MEASURE_BYTES, QUICK_PPO_ARGS, QUICK_RATES, lab_bench_table, run_lab_bench
+    from ..bench.lab_bench import (BUDGET_PPO_ARGS, BUDGET_RATES, PPO_ARGS, QUICK_MEASURE_BYTES, QUICK_PPO_ARGS,
+                                   QUICK_RATES, budget_configs, lab_bench_table, run_lab_bench)
     from ..netem.tc import ShapingError, parse_rate
 
     rate_given = ctx.get_parameter_source("rates") is not click.core.ParameterSource.DEFAULT
     rate_list = [r.strip() for r in rates.split(",") if r.strip()] if (rate_given or not quick) else list(QUICK_RATES)
+    if budget and not rate_given:
+        rate_list = list(BUDGET_RATES)
     if not rate_list:
         raise click.BadParameter("no rate given", param_hint="--rates")
     for rate in rate_list:
@@ -406,7 +412,8 @@ def bench_lab(ctx: click.Context, rates: str, quick: bool, measure_mib: float | 
     else:
         measure_bytes = QUICK_MEASURE_BYTES if quick else None
     try:
-        rows = run_lab_bench(rate_list, QUICK_PPO_ARGS if quick else PPO_ARGS, measure_bytes=measure_bytes,
+        ppo_args = QUICK_PPO_ARGS if quick else BUDGET_PPO_ARGS if budget else PPO_ARGS
+        rows = run_lab_bench(rate_list, ppo_args, measure_bytes=measure_bytes, configs=budget_configs if budget else None,
                              extra_args=extra, out_dir=out_dir, echo=lambda line: click.echo(line, err=True))
     except (ShapingError, RuntimeError, ValueError) as exc:
         fail(exc)

@@ -103,6 +103,19 @@ class CodecSet:
     def __getitem__(self, stream: str) -> Codec:
         return self.codecs[stream]
 
+    def retune(self, stream: str, spec: str) -> None:
+        """Carry ``stream`` with ``spec`` from now on. A codec of the same kind takes over the old one's state
+        (residuals, caches: the objects themselves, not copies); one of another kind starts afresh."""
+        old = self.codecs[stream]
+        if old.spec() == parse_codec(spec, stream).spec():
+            return
+        new = parse_codec(spec, stream)
+        inner_old, inner_new = getattr(old, "inner", old), getattr(new, "inner", new)
+        if type(inner_old) is type(inner_new):
+            for key in inner_old.state:
+                setattr(inner_new, key, getattr(inner_old, key))
+        self.codecs[stream] = new
+
     def new_iteration(self, *streams: str) -> None:
         """A new rollout batch begins for ``streams`` (default: all): their codecs drop per-sample state."""
         for stream in streams or self.codecs:

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from ..envs import EnvSpec, inspect_env
-from ..runs import RunLog, check_fresh, checkpoint_iterations, default_run_dir, load_checkpoint, truncate_logs
+from ..runs import (RunLog, check_fresh, checkpoint_iterations, default_run_dir, load_checkpoint, read_metrics,
+                    truncate_logs)
 from ..settings import RunOptions, SettingsError, TrainSettings
 from ..stages import LIMITS, STAGE0, STAGE1, Edge, Learner, edge_exchange, learner_exchange
 from ..stages.evaluate import Evaluation
@@ -196,6 +197,8 @@ def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, sta
                 exchange.load_state_dict(state["exchange"])
                 link.meter.restore(state["meter"])
             truncate_logs(edge.run_log.dir, iteration)
+            if edge.budget is not None and iteration:
+                edge.last_record = edge.budget.resume(read_metrics(edge.run_log.dir))
             log.info("[stage0] resuming after iteration %d", iteration)
         try:
             records = SCHEDULES[edge.settings.schedule.mode].stage0_loop(edge, exchange, link,

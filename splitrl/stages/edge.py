@@ -36,6 +36,7 @@ from ..runs import RunLog
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
 from ..transport.errors import peer_repr
+from .budget import TRAINING, LinkBudget, switch
 from .protocol import ENCODER_PREFIX, Payload, tensor
 from .weights import WeightSync
 
@@ -87,6 +88,15 @@ class Edge:
         self.flat_obs = self.obs.view((-1,) + spec.obs_shape)
         """The observations of the rollout being trained on, one row per sample (t * num_envs + env)."""
         self.codecs = CodecSet(**settings.codecs.specs())
+        self.exchange = settings.codecs.parsed_exchange()
+        """The training exchange as this iteration runs it (``--link-budget`` may lengthen a replica's periods)."""
+        self.budget = LinkBudget.of(settings, spec)
+        self.budget_metrics: dict[int, dict[str, Any]] = {}
+        """``--link-budget``: each iteration's choice, until its metrics record takes it."""
+        self.last_record: dict[str, Any] | None = None
+        """The newest iteration's metrics record (`splitrl.schedule.common.IterationLog`): what the budget measures."""
+        self.announced: dict[int, dict[str, str]] = {}
+        """``--link-budget``: each iteration's settings, sent with its first step, until its training takes them."""
         self.low, self.high = np.array(spec.action_low), np.array(spec.action_high)
         self.stacked = settings.env.frame_stack > 1
         self.envs: list[Any] = []
@@ -155,6 +165,11 @@ class Edge:
         self.iteration = iteration
         self.obs = self.buffers[iteration % len(self.buffers)]
         self.codecs.new_iteration("rollout")
+        if self.budget is not None and self.last_record is not None:
+            metrics = self.budget_metrics[iteration] = self.budget.choose(iteration, self.last_record)
+            specs = self.announced[iteration] = self.budget.specs()
+            metrics.update({f"budget/spec/{k}": v for k, v in specs.items()})
+            switch(self.codecs, specs, ["rollout"])
 
     def adopt(self) -> int:
         """Act with the newest published weights from now on; returns the version acting."""
@@ -173,6 +188,8 @@ class Edge:
         obs = torch.as_tensor(to_chw(self.next_obs[g], self.stacked))
         self.obs[t, envs[0]: envs[-1] + 1] = obs
         tensors, header = self.outcome[g]
+        if t == 0 and self.iteration in self.announced:
+            header["budget"] = self.announced[self.iteration]
         fleet_envs = self.offset + envs
         ctx = Context(idx=t * self.total_envs + fleet_envs, envs=fleet_envs, global_step=self.global_step)
         self.codecs.pack("rollout", "features", self.encode(obs), ctx, tensors, header)
@@ -259,6 +276,8 @@ class Edge:
         self.train_iteration = iteration
         self.flat_obs = self.buffers[iteration % len(self.buffers)].view((-1,) + self.spec.obs_shape)
         self.codecs.new_iteration("fwd", "bwd")
+        if iteration in self.announced:
+            self.exchange = switch(self.codecs, self.announced.pop(iteration), TRAINING)
         ppo = self.settings.ppo
         if self.optimizer is not None:
             anneal(self.optimizer, ppo.lr_encoder * ppo.lr_fraction(iteration, self.settings.num_iterations))

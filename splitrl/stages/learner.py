@@ -32,6 +32,7 @@ from ..models import ActorCriticHeads, agent
 from ..ppo import RolloutBuffer, anneal, explained_variance, minibatch_schedule, ppo_loss
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
+from .budget import TRAINING, LinkBudget, switch
 from .protocol import ENCODER_PREFIX, Payload, tensor
 from .weights import WeightSync
 
@@ -76,6 +77,12 @@ class Learner:
         """The policy version that acted on each sample (training iterations done before it)."""
         self.last_values = [torch.zeros(n) for _ in range(slots)]
         self.codecs = CodecSet(**settings.codecs.specs())
+        self.exchange = settings.codecs.parsed_exchange()
+        """The training exchange as this iteration runs it (``--link-budget`` may lengthen a replica's periods)."""
+        self.budget = LinkBudget.of(settings, spec)
+        """``--link-budget``: only to check what stage0 chooses (`announced`)."""
+        self.announced: dict[int, dict[str, str]] = {}
+        """``--link-budget``: each iteration's settings as stage0 sent them, until its training takes them."""
         self.iteration = 0
         """The iteration being collected."""
         self.train_iteration = 0
@@ -160,6 +167,8 @@ class Learner:
         with torch.no_grad():
             for g, msg in steps:
                 rows = torch.arange(self.groups[g].start, self.groups[g].stop)
+                if t == 0 and "budget" in msg.header:
+                    self._budget(msg.header["budget"])
                 if t > 0:
                     self._record_outcome(t - 1, msg, g)
                 ctx = Context(idx=t * n + rows, envs=rows, global_step=self.global_step(t, g))
@@ -177,6 +186,13 @@ class Learner:
             self.versions[slot][t, envs] = self._acting_version()
             payloads.append(({"action": self.acting.wire_action(u)}, {}))
         return payloads
+
+    def _budget(self, announced: Any) -> None:
+        """Stage0's ``--link-budget`` choice for the iteration being collected: the rollout codec switches now."""
+        if self.budget is None:
+            raise ProtocolError("step: header 'budget' from a stage0 with --link-budget; this stage1 has none")
+        specs = self.announced[self.iteration] = self.budget.check(announced)
+        switch(self.codecs, specs, ["rollout"])
 
     def _acting_version(self) -> int:
         # Without a copy the heads act as they are: trained iteration - 1 times.
@@ -249,6 +265,8 @@ class Learner:
             if weights is not None:  # how far the lagging samples' policy is from the one that trains
                 self.rollout_stats["async/weight_mean"] = float(weights[lag > 0].mean())
         self.codecs.new_iteration("fwd", "bwd")
+        if iteration in self.announced:
+            self.exchange = switch(self.codecs, self.announced.pop(iteration), TRAINING)
         return minibatch_schedule(self.settings.seed, iteration, ppo.epochs, buffer.batch_size, ppo.minibatches)
 
     def _logprobs(self, inputs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:

@@ -114,13 +114,17 @@ class ReplicaEdge(EdgeExchange):
     def __init__(self, edge: "Edge") -> None:
         super().__init__(edge)
         s, spec = edge.settings, edge.spec
-        self.exchange = s.codecs.parsed_exchange()
         _, heads = agent(s, spec)
         self.replica = heads.requires_grad_(False)  # never trained here: stage1's heads, as last sent
         self.sync = WeightSync(replicated(self.replica), self.exchange.sync)
         self.view = self.codecs.rollout_view()
         self.feature_dim = heads.critic[0].in_features
         self.view_outputs: torch.Tensor | None = None
+
+    @property
+    def exchange(self) -> Exchange:
+        """The exchange as this iteration runs it (``--link-budget`` may lengthen its periods)."""
+        return self.edge.exchange
 
     def _view_rows(self, idx: torch.Tensor) -> torch.Tensor:
         return self.view.rows(idx, (len(idx), self.feature_dim))
@@ -181,9 +185,12 @@ class ReplicaLearner(LearnerExchange):
 
     def __init__(self, learner: "Learner") -> None:
         super().__init__(learner)
-        self.exchange = learner.settings.codecs.parsed_exchange()
         self.sync = WeightSync(replicated(learner.heads), self.exchange.sync)
         self.view = self.codecs.rollout_view()
+
+    @property
+    def exchange(self) -> Exchange:
+        return self.learner.exchange
 
     def learn(self, msg: Message, idx: torch.Tensor, minibatch: torch.Tensor | None = None) -> Payload:
         learner = self.learner

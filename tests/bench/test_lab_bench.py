@@ -26,6 +26,23 @@ def test_table_has_one_row_per_rate_and_config_with_speedups():
     assert "`--codec-bwd ef:density=0.02,values=int8`" in table and "`--num-steps 512`" in table
 
 
+def test_budget_rows_compare_with_the_fixed_codecs_and_list_each_choice():
+    choice = {"iteration": 2, "spec/rollout": "int8", "spec/fwd": "int8", "spec/bwd": "ef:density=0.125,values=bf16",
+              "spec/exchange": "features", "allowed_up_bytes": 3e6, "allowed_down_bytes": 3e6,
+              "predicted_up_bytes": 2.9e6, "predicted_down_bytes": 1e6}
+    rows = _with_speedups([
+        {"rate": "2mbit", "rate_bits": 2_000_000, "achieved_bits": 1.9e6, "achieved_ratio": 0.95, "config": "fixed",
+         "seconds_per_iteration": 80.0, "bytes_per_iteration": 18e6, "codec_args": ["--codec-fwd", "bf16"],
+         "ppo_args": [], "iterations": 3, "iterations_used": 2, "budget": []},
+        {"rate": "2mbit", "rate_bits": 2_000_000, "achieved_bits": 1.9e6, "achieved_ratio": 0.95, "config": "budget",
+         "seconds_per_iteration": 40.0, "bytes_per_iteration": 8e6, "iterations": 3, "iterations_used": 2,
+         "codec_args": ["--codec-fwd", "bf16", "--link-budget", "2mbit"], "ppo_args": [], "budget": [choice]},
+    ])
+    table = lab_bench_table(rows)
+    assert "x faster than fixed |" in table and "| budget | 40.0 | 8.00 | 2.00x |" in table
+    assert "- 2 Mbit/s budget, iteration 2: rollout int8, fwd int8, bwd ef:density=0.125,values=bf16" in table
+
+
 def test_throughput_payload_follows_the_rate_within_bounds():
     mib = 1024 * 1024
     assert auto_measure_bytes(5_000_000) == 6 * mib
