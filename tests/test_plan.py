@@ -168,3 +168,19 @@ def test_plan_command_recommends(monkeypatch):
     assert "| sync |" in result.output and "policy version old" in result.output
     bad = CliRunner().invoke(main, ["plan", "--from", str(SYNC_RUN), "--codec-rollout", "bf16"])
     assert bad.exit_code != 0 and "--bytes-from" in bad.output
+
+
+def test_the_check_predicts_every_row_of_a_bench_from_its_reference(monkeypatch):
+    from splitrl.bench.plan_bench import CHECKS, check_plan, plan_table
+
+    monkeypatch.setattr("splitrl.bench.plan_bench.Timings", lambda settings, spec: FixedTimings())
+    rows = check_plan(CHECKS[:1], root=ROOT)
+    measured = json.loads((ROOT / CHECKS[0].path).read_text())
+    assert [(r["mode"], r["rtt_ms"]) for r in rows] == [(m["mode"], m["rtt_ms"]) for m in measured]
+    reference = rows[0]
+    assert reference["mode"] == "sync" and abs(reference["error"]) < 0.02  # it predicts itself
+    shaped = [r for r in rows if r["rtt_ms"]]
+    assert all(r["rate"] == "1gbit" and r["link_rtt_ms"] > 20 for r in shaped)
+    assert next(r for r in shaped if r["mode"] == "sync")["predicted"] > reference["predicted"] + 90
+    table = plan_table(rows)
+    assert table.count("| pipeline-latency |") == len(rows) and "within 20 %" in table
