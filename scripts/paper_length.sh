@@ -13,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/paper-length}
+EARLIER=${EARLIER:-runs}   # where runs/pipeline-learning-seedN are
 PY=${PY:-.venv/bin/python}
 SCHEDULE=(--num-envs 4 --num-steps 1024 --rollout-groups 4 --vector async --threads 1 --total-steps 409600)
 config() {
@@ -34,8 +35,8 @@ for run in "${RUNS[@]}"; do
   name=${run%-seed*}; seed=${run##*-seed}; dir="$OUT/$run"
   # shellcheck disable=SC2046
   args=($(config "$name") "${SCHEDULE[@]}" --seed "$seed")
-  if [ "$name" = bf16 ] && [ ! -d "$dir" ] && [ -d "runs/pipeline-learning-seed$seed/bf16-pipelined/checkpoints" ]; then
-    cp -r "runs/pipeline-learning-seed$seed/bf16-pipelined" "$dir"
+  if [ "$name" = bf16 ] && [ ! -d "$dir" ] && [ -d "$EARLIER/pipeline-learning-seed$seed/bf16-pipelined/checkpoints" ]; then
+    cp -r "$EARLIER/pipeline-learning-seed$seed/bf16-pipelined" "$dir"
   fi
   if [ -f "$dir/metrics.jsonl" ] && [ "$(wc -l < "$dir/metrics.jsonl")" -ge 100 ]; then
     echo "$run: done"; continue
