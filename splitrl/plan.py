@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .errors import SettingsError
+from .netem.tc import FRAME_BYTES, MSS_BYTES
 from .runs import iteration_bytes, measured_records, read_metrics
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["Timings", "Rates", "Link", "Plan", "RunConfig", "load_run", "calibrate", "predict", "layouts", "recommend",
            "TCP_GOODPUT"]
 
-TCP_GOODPUT = 1448 / 1514
+TCP_GOODPUT = MSS_BYTES / FRAME_BYTES
 """Application bytes per byte tc counts on a full-size segment (Ethernet 14 + IPv4 20 + TCP 20 + timestamps 12 of
 headers): what `splitrl bench lab` measured as the ceiling (docs/results/lab.md: 0.954-0.956 of the set rate)."""
 

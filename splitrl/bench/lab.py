@@ -24,9 +24,9 @@ the wire rate from the same kernel counters. At 20 Mbit/s goodput is at most
 
 from __future__ import annotations
 
-import logging
-
 import json
+import logging
+import math
 import subprocess
 import sys
 import time
@@ -36,8 +36,9 @@ from typing import Any, Callable, Sequence
 
 from ..launch import STOP_GRACE_S, supervise
 from ..netem.netns import SIDES, STAGE0_ADDR, STAGE1_ADDR, Lab, LabNames
-from ..netem.tc import MSS_BYTES, Applied, Shaping, format_rate, format_size
+from ..netem.tc import FRAME_BYTES, MSS_BYTES, Applied, Shaping, format_rate, format_size
 from ..runs import link_bytes, link_messages, read_metrics
+from ..settings import RunOptions
 
 __all__ = [
     "DEFAULT_PORT",
@@ -220,10 +221,28 @@ def _option(args: Sequence[str], name: str) -> str | None:
     return values[-1] if values else None
 
 
+LARGEST_MESSAGE = 2 * 1024 * 1024
+"""Bytes of the paper configuration's largest message: a minibatch of 128 x 4096 float32 features."""
+
+
+def heartbeat_for(rate_bits: int | None, stage_args: Sequence[str] = ()) -> list[str]:
+    """``--heartbeat`` for a link of ``rate_bits`` unless ``stage_args`` set one: long enough that one
+    `LARGEST_MESSAGE` crosses within ZeroMQ's heartbeat timeout (2/5 of it, `ZmqTransport`). ZeroMQ counts a
+    message as traffic only once it has all arrived, so a PONG queued behind a message that takes longer than
+    the timeout is missed and the connection dropped (measured: 2 Mbit/s with the default 5 s failed at the
+    first 1 MiB minibatch)."""
+    if not rate_bits or "--heartbeat" in stage_args:
+        return []
+    needed = 2.5 * LARGEST_MESSAGE * 8 / (rate_bits * MSS_BYTES / FRAME_BYTES) + 1.0
+    return ["--heartbeat", f"{math.ceil(needed)}"] if needed > RunOptions().heartbeat else []
+
+
 def stage_commands(stage_args: Sequence[str], port: int = DEFAULT_PORT,
-                   connect_host: str = STAGE1_ADDR) -> dict[str, list[str]]:
-    """``connect_host``: where stage0 connects (stage1's address, or the delay relay in stage0's namespace)."""
+                   connect_host: str = STAGE1_ADDR, rate_bits: int | None = None) -> dict[str, list[str]]:
+    """``connect_host``: where stage0 connects (stage1's address, or the delay relay in stage0's namespace);
+    ``rate_bits``: the lab's rate, for `heartbeat_for`."""
     base = [sys.executable, "-m", "splitrl"]
+    stage_args = [*heartbeat_for(rate_bits, stage_args), *stage_args]
     # --insecure (last, over any --no-insecure in stage_args): the addresses are the lab's own namespaces,
     # which nothing else on the machine reaches.
     return {
@@ -238,7 +257,7 @@ def spawn_stages(lab: Lab, stage_args: Sequence[str], port: int = DEFAULT_PORT,
 
     Run them to the end with `splitrl.launch.supervise`; the lab stops whatever is left when it goes down.
     """
-    cmds = stage_commands(stage_args, port, connect_host)
+    cmds = stage_commands(stage_args, port, connect_host, lab.shaping.rate)
     procs = {}
     for side in ("stage1", "stage0"):
         if log_dir is None:

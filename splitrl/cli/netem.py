@@ -166,7 +166,7 @@ def lab(settings: TrainSettings, options: RunOptions, rate: str, delay: str | No
         raise click.UsageError(str(exc)) from None
     names = LabNames.random()
     if dry_run:
-        click.echo(format_lab_plan(names, shaping, stage_commands(stage_args, port)))
+        click.echo(format_lab_plan(names, shaping, stage_commands(stage_args, port, rate_bits=shaping.rate)))
         return
     try:
         result = run_lab(stage_args, run_dir, shaping, allow_partial=allow_partial, measure_bytes=int(measure_mib * _MIB),

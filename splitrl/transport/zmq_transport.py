@@ -313,7 +313,10 @@ class ZmqTransport(Transport):
                 if self._holder is None:
                     self._holder = self.gate.holder("recv")
                 elif self.gate.holder("recv") not in (None, self._holder):
-                    raise PeerGone(f"{self.peer} is gone: another connection holds its place now (a restarted peer)")
+                    raise PeerGone(f"{self.peer} is gone: another connection holds its place now (a restarted peer; or "
+                                   f"ZeroMQ dropped a connection whose message took longer than "
+                                   f"{0.4 * self.heartbeat:g} s to arrive, 2/5 of --heartbeat: on a thin link "
+                                   "give both stages a --heartbeat of 2.5 x the largest message's transfer time)")
                 self._gone_since = self.gate.vacated_since("recv")
         if self._gone_since is not None and time.monotonic() >= self._gone_since + self._grace:
             raise PeerGone(f"{self.peer} is gone: its connection closed (or went silent) and it did not come "
