@@ -216,3 +216,14 @@ def test_ctrl_c_stops_both_stages_and_removes_the_lab(tmp_path, no_leftovers):
     assert not [line for line in left.splitlines() if "pgrep" not in line]
 
 
+
+
+def test_a_thin_lab_gives_the_stages_a_heartbeat_a_minibatch_can_cross():
+    from splitrl.bench.lab import LARGEST_MESSAGE, heartbeat_for, stage_commands
+
+    two = heartbeat_for(2_000_000)
+    assert two[0] == "--heartbeat" and 0.4 * float(two[1]) > LARGEST_MESSAGE * 8 / 2_000_000 / 0.956
+    assert heartbeat_for(20_000_000) == [] and heartbeat_for(None) == []
+    assert heartbeat_for(2_000_000, ["--heartbeat", "3"]) == []  # the user's own stands
+    cmds = stage_commands(["--total-steps", "64"], rate_bits=2_000_000)
+    assert all(cmd[cmd.index("--heartbeat") + 1] == two[1] for cmd in cmds.values())
