@@ -124,7 +124,7 @@ class Timings:
     action. `train` is one minibatch's forward, backward and Adam step on each stage. ``threads``: torch
     intra-op threads (0: torch's default)."""
 
-    def __init__(self, settings: "TrainSettings", spec: "EnvSpec", seconds: float = 1.0) -> None:
+    def __init__(self, settings: "TrainSettings", spec: "EnvSpec", seconds: float = 2.0) -> None:
         self.settings, self.spec, self.seconds = settings, spec, seconds
         self._cache: dict[tuple[str, int, int], tuple[float, float]] = {}
 
@@ -308,12 +308,8 @@ def predict(settings: "TrainSettings", rates: Rates, link: Link, *, vector: str 
     rollout = steps * vector_step
 
     # Training, per minibatch.
-    # The link is full duplex: the features going up and the gradients coming down are two stages.
-    parts = [rates.train0, xfer(minibatch * rates.up_sample), rates.train1, xfer(minibatch * rates.down_sample)]
-    longest = max(parts)
-    update = longest + (sum(parts) - longest) / micro + link.rtt
-    if micro == 1:
-        update = sum(parts) + link.rtt
+    update = minibatch_seconds(rates.train0, rates.train1, xfer(minibatch * rates.up_sample),
+                               xfer(minibatch * rates.down_sample), link.rtt, micro)
     if link.shared:
         update = max(update, (rates.train0 + rates.train1) / cores)
     training = updates * update
@@ -334,6 +330,25 @@ def predict(settings: "TrainSettings", rates: Rates, link: Link, *, vector: str 
     return Plan(seconds=seconds, rollout=rollout, training=training, bytes_per_step=nbytes / samples,
                 busy0=cpu0 / seconds, busy1=cpu1 / seconds, staleness=staleness,
                 balance=rollout / training if training else math.inf)
+
+
+FORWARD_SHARE = 1 / 3
+"""Stage0's forward in its minibatch compute (forward, backward, step): a backward costs about two forwards."""
+
+
+def minibatch_seconds(train0: float, train1: float, up: float, down: float, rtt: float, micro: int) -> float:
+    """One training minibatch in ``micro`` micro-batches as `splitrl.schedule.pipelined` runs it: stage0
+    forwards every micro-batch and sends each as it is done, stage1 takes each as it arrives, and stage0
+    back-propagates each gradient as it arrives once its forwards are done; the link is full duplex (``up``,
+    ``down``: the whole minibatch's transfer each way) and each message also pays half the round trip."""
+    forward, backward = train0 * FORWARD_SHARE / micro, train0 * (1 - FORWARD_SHARE) / micro
+    sent = heads = back = arrived = 0.0
+    for j in range(1, micro + 1):
+        sent = max(j * forward, sent) + up / micro
+        heads = max(sent + rtt / 2, heads) + train1 / micro
+        back = max(heads, back) + down / micro
+        arrived = max(back + rtt / 2, arrived, micro * forward) + backward
+    return arrived
 
 
 def layouts(settings: "TrainSettings", *, allow_stale: bool = False) -> list[tuple[str, "TrainSettings", int]]:

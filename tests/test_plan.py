@@ -184,3 +184,16 @@ def test_the_check_predicts_every_row_of_a_bench_from_its_reference(monkeypatch)
     assert next(r for r in shaped if r["mode"] == "sync")["predicted"] > reference["predicted"] + 90
     table = plan_table(rows)
     assert table.count("| pipeline-latency |") == len(rows) and "within 20 %" in table
+
+
+def test_a_minibatch_in_micro_batches_overlaps_the_stages():
+    from splitrl.plan import minibatch_seconds
+
+    # One micro-batch: everything in turn, one round trip.
+    assert minibatch_seconds(3.0, 1.8, 0.2, 0.1, 0.02, 1) == pytest.approx(3.0 + 1.8 + 0.2 + 0.1 + 0.02)
+    # Two: stage0 forwards both (0.5 s each), stage1 takes each as it comes (0.9 s), stage0 back-propagates each
+    # gradient (1 s) once its forwards are done: 2.4 s for the first, 3.4 s for the second.
+    assert minibatch_seconds(3.0, 1.8, 0.0, 0.0, 0.0, 2) == pytest.approx(3.4)
+    # Never below stage0's own work, nor below the longer link direction.
+    assert minibatch_seconds(3.0, 1.8, 0.0, 0.0, 0.0, 64) >= 3.0
+    assert minibatch_seconds(0.1, 0.1, 5.0, 1.0, 0.0, 64) >= 5.0
