@@ -228,6 +228,9 @@ def calibrate(run_dir: str | Path, target: "TrainSettings", *, threads: int, byt
 
     source = used if bytes_from is None else measured_records(read_metrics(bytes_from), skip_last=True)
     source_settings = cal if bytes_from is None else load_run(bytes_from).settings
+    if target.codecs.link_budget:
+        raise SettingsError("--link-budget: its codecs change every iteration; plan the settings it chooses "
+                            "(metrics.jsonl budget/spec/*) instead")
     if source_settings.codecs != target.codecs or source_settings.bottleneck != target.bottleneck:
         raise SettingsError(f"{bytes_from or run}: its codecs or --bottleneck differ from the target's; pass "
                             f"--bytes-from RUN_DIR of a measured run with the target's codecs")

@@ -36,9 +36,11 @@ from typing import Any, Callable, Sequence
 
 from ..launch import STOP_GRACE_S, supervise
 from ..netem.netns import SIDES, STAGE0_ADDR, STAGE1_ADDR, Lab, LabNames
-from ..netem.tc import FRAME_BYTES, MSS_BYTES, Applied, Shaping, format_rate, format_size
+from ..netem.tc import MSS_BYTES, Applied, Shaping, format_rate, format_size
+from ..plan import TCP_GOODPUT
 from ..runs import link_bytes, link_messages, read_metrics
 from ..settings import RunOptions
+from ..transport.zmq_transport import HEARTBEAT_TIMEOUT_SHARE
 
 __all__ = [
     "DEFAULT_PORT",
@@ -227,13 +229,13 @@ LARGEST_MESSAGE = 2 * 1024 * 1024
 
 def heartbeat_for(rate_bits: int | None, stage_args: Sequence[str] = ()) -> list[str]:
     """``--heartbeat`` for a link of ``rate_bits`` unless ``stage_args`` set one: long enough that one
-    `LARGEST_MESSAGE` crosses within ZeroMQ's heartbeat timeout (2/5 of it, `ZmqTransport`). ZeroMQ counts a
+    `LARGEST_MESSAGE` crosses within ZeroMQ's heartbeat timeout (`HEARTBEAT_TIMEOUT_SHARE` of it). ZeroMQ counts a
     message as traffic only once it has all arrived, so a PONG queued behind a message that takes longer than
     the timeout is missed and the connection dropped (measured: 2 Mbit/s with the default 5 s failed at the
     first 1 MiB minibatch)."""
     if not rate_bits or "--heartbeat" in stage_args:
         return []
-    needed = 2.5 * LARGEST_MESSAGE * 8 / (rate_bits * MSS_BYTES / FRAME_BYTES) + 1.0
+    needed = LARGEST_MESSAGE * 8 / (rate_bits * TCP_GOODPUT) / HEARTBEAT_TIMEOUT_SHARE + 1.0
     return ["--heartbeat", f"{math.ceil(needed)}"] if needed > RunOptions().heartbeat else []
 
 

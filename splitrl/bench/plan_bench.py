@@ -102,6 +102,8 @@ def plan_table(rows: Sequence[dict[str, Any]]) -> str:
                    f"| {p['rollout']:.1f} / {p['training']:.1f} | {p['balance']:.2f} "
                    f"| {r['measured_bytes_per_step']:,.0f} / {p['bytes_per_step']:,.0f} "
                    f"| {r['measured_staleness']:.2f} / {p['staleness']:.2f} |")
+    if not rows:
+        return "\n".join(out + ["", "No rows: none of the benches' results are there (run from the repository's root)."])
     worst = max(rows, key=lambda r: abs(r["error"]))
     out.append("")
     out.append(f"Worst row: {Path(worst['bench']).stem} {worst['mode']} at {worst['rtt_ms']} ms, "

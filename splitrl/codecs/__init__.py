@@ -112,7 +112,7 @@ class CodecSet:
         new = parse_codec(spec, stream)
         inner_old, inner_new = getattr(old, "inner", old), getattr(new, "inner", new)
         if type(inner_old) is type(inner_new):
-            for key in inner_old.state:
+            for key in (*inner_old.state, *inner_old.carried):
                 setattr(inner_new, key, getattr(inner_old, key))
         self.codecs[stream] = new
 

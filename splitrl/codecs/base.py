@@ -74,6 +74,9 @@ class Codec(ABC):
     params: ClassVar[dict[str, Param]] = {}
     state: ClassVar[tuple[str, ...]] = ()
     """Attributes that carry over from one message to the next (residuals, caches): what a checkpoint keeps."""
+    carried: ClassVar[tuple[str, ...]] = ()
+    """Attributes beyond `state` that a switch to another setting of the same codec keeps (`CodecSet.retune`):
+    what the rollout filled and training still needs."""
 
     def __init__(self, **values: Any) -> None:
         for key, param in self.params.items():

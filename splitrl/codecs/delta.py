@@ -60,6 +60,7 @@ class Delta(Codec):
     name = "delta"
     help = "training features as the quantised change against the rollout's cached view (AQ-SGD)"
     streams = ("fwd",)
+    carried = ("cache",)
     params = {
         "q": Param(str, "int8", "how the change is sent ('none': not at all)",
                    ("none", "fp32", "bf16", "fp16", "int8", "topk")),

@@ -32,11 +32,14 @@ from ..netem.tc import parse_rate
 from ..runs import NOT_TRAINING_KINDS
 from ..settings import Exchange, TrainSettings
 from ..transport import ProtocolError
+from ..transport.errors import peer_repr
 
 __all__ = ["LinkBudget", "codec_ladder", "exchange_ladder", "STREAMS", "TRAINING"]
 
 LEVELS = 6
 """Settings per ladder: the configured one and five leaner."""
+KEPT = 8
+"""Iterations whose levels `LinkBudget.applied` keeps: the record a choice measures may be a few behind."""
 DENSE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
 
 STREAMS = {"rollout": ("sent", "step"), "fwd": ("sent", "train_fwd"), "bwd": ("recv", "train_bwd"),
@@ -77,12 +80,13 @@ def codec_ladder(spec: str, stream: str) -> list[tuple[str, float]]:
 
 
 def _updates(exchange: Exchange, updates: int) -> tuple[int, int]:
-    """(updates of all weights, of all but the first layers) in an iteration of ``updates`` minibatches,
-    the one after the rollout counted (`splitrl.stages.replica.due`)."""
-    full = 1 + sum(1 for done in range(1, updates) if exchange.all_every and done % exchange.all_every == 0)
-    last = sum(1 for done in range(1, updates) if exchange.last_every and done % exchange.last_every == 0
-               and not (exchange.all_every and done % exchange.all_every == 0))
-    return full, last
+    """(updates of all weights, of all but the first layers) in an iteration of ``updates`` minibatches, the one
+    after the rollout counted, as `splitrl.stages.replica.due` sends them."""
+    from .replica import FIRST_LAYERS, due
+
+    names = [*FIRST_LAYERS, "the rest"]
+    sent = [due(exchange, 0, mb, 1, updates, names) for mb in range(updates)]
+    return 1 + sum(1 for got in sent if got == names), sum(1 for got in sent if got == ["the rest"])
 
 
 def exchange_spec(exchange: Exchange) -> str:
@@ -148,7 +152,9 @@ class LinkBudget:
     def choose(self, iteration: int, record: dict[str, Any]) -> dict[str, Any]:
         """Set `levels` for ``iteration`` from the measured ``record`` of an earlier one; the metrics to log."""
         ran = self.applied.get(int(record["iteration"]), dict.fromkeys(self.ladders, 0))
-        compute = max(1e-3, float(record["time/iteration"]) - float(record.get("time/link_wait", 0.0)))
+        # The iteration's compute: its wall time less its wait on the link and its evaluation's episodes.
+        compute = max(1e-3, float(record["time/iteration"]) - float(record.get("time/link_wait", 0.0))
+                      - float(record.get("time/eval", 0.0)))
         allowed = self.rate / 8 * compute
         metrics: dict[str, Any] = {}
         levels = {}
@@ -162,21 +168,26 @@ class LinkBudget:
             base = {s: measured[s] / self.ladders[s][ran[s]][1] for s in streams}
             chosen = dict.fromkeys(streams, 0)
 
-            def predicted(s: str) -> float:
-                return base[s] * self.ladders[s][chosen[s]][1]
+            def predicted(s: str, step: int = 0) -> float:
+                return base[s] * self.ladders[s][chosen[s] + step][1]
+
+            def saving(s: str) -> float:
+                return predicted(s) - predicted(s, 1) if chosen[s] + 1 < len(self.ladders[s]) else 0.0
 
             while fixed + sum(predicted(s) for s in streams) > allowed:
-                movable = [s for s in streams if chosen[s] + 1 < len(self.ladders[s])]
+                # The step that saves the most; none that saves under 1 % of its stream (a replica's periods
+                # past the iteration's length make it staler for nothing).
+                movable = [s for s in streams if saving(s) > 0.01 * predicted(s)]
                 if not movable:
                     break
-                chosen[max(movable, key=predicted)] += 1
+                chosen[max(movable, key=saving)] += 1
             levels.update(chosen)
             way = "up" if direction == "sent" else "down"
             metrics[f"budget/allowed_{way}_bytes"] = allowed
             metrics[f"budget/predicted_{way}_bytes"] = fixed + sum(predicted(s) for s in streams)
         self.levels = levels
         self.applied[iteration] = dict(levels)
-        for old in [i for i in self.applied if i < iteration - 4]:
+        for old in [i for i in self.applied if i < iteration - KEPT]:
             del self.applied[old]
         for stream, level in levels.items():
             metrics[f"budget/level/{stream}"] = level
@@ -193,10 +204,11 @@ class LinkBudget:
     def check(self, announced: Any) -> dict[str, str]:
         """What stage0 announced, if every spec is on its stream's ladder; else a `ProtocolError`."""
         if not isinstance(announced, dict) or set(announced) != set(self.ladders):
-            raise ProtocolError(f"step: header 'budget' must map {', '.join(self.ladders)} to specs, got {announced!r}")
+            raise ProtocolError(f"step: header 'budget' must map {', '.join(self.ladders)} to specs, got "
+                                f"{peer_repr(announced)}")
         for stream, spec in announced.items():
             if spec not in [s for s, _ in self.ladders[stream]]:
-                raise ProtocolError(f"step: header 'budget': {stream} {spec!r} is not on the ladder of "
+                raise ProtocolError(f"step: header 'budget': {stream} {peer_repr(spec)} is not on the ladder of "
                                     f"--link-budget ({', '.join(s for s, _ in self.ladders[stream])})")
         return dict(announced)
 

@@ -191,7 +191,11 @@ class Learner:
         """Stage0's ``--link-budget`` choice for the iteration being collected: the rollout codec switches now."""
         if self.budget is None:
             raise ProtocolError("step: header 'budget' from a stage0 with --link-budget; this stage1 has none")
-        specs = self.announced[self.iteration] = self.budget.check(announced)
+        specs = self.budget.check(announced)
+        before = self.announced.get(self.iteration)
+        if before is not None and before != specs:  # every group's first step says the same
+            raise ProtocolError(f"step: header 'budget' differs between groups of iteration {self.iteration}")
+        self.announced[self.iteration] = specs
         switch(self.codecs, specs, ["rollout"])
 
     def _acting_version(self) -> int:

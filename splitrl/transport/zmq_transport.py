@@ -24,11 +24,14 @@ from .errors import PeerGone, ProtocolError, TransportTimeout
 from .gate import BUSY, UNKNOWN_KEY, Gate
 from .wire import WireLimits, frame_nbytes
 
-__all__ = ["ZmqTransport", "paired_endpoint", "DEFAULT_HWM"]
+__all__ = ["ZmqTransport", "paired_endpoint", "DEFAULT_HWM", "HEARTBEAT_TIMEOUT_SHARE"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_HWM = 16
+HEARTBEAT_TIMEOUT_SHARE = 2 / 5
+"""Of ``--heartbeat``: how long ZeroMQ waits for traffic after its ping, and the grace a closed connection gets.
+ZeroMQ counts a message only once all of it has arrived, so no message may take longer than this to cross."""
 """Messages queued per socket before a send blocks. The stages exchange messages in
 lock step, so a short queue suffices and bounds memory at 16 x the largest message."""
 
@@ -107,7 +110,7 @@ class ZmqTransport(Transport):
         self._own_ctx = zmq.Context() if gated or curve is not None else None
         self._ctx = self._own_ctx or context or zmq.Context.instance()
         self.heartbeat = float(heartbeat)
-        self._grace = self.heartbeat * 2 / 5
+        self._grace = self.heartbeat * HEARTBEAT_TIMEOUT_SHARE
         self._pull = self._ctx.socket(zmq.PULL)
         self._push = self._ctx.socket(zmq.PUSH)
         for sock in (self._pull, self._push):
@@ -120,8 +123,8 @@ class ZmqTransport(Transport):
                 # A PING every H/5; no answer within 2H/5 drops the connection; `_wait` gives it 2H/5 more
                 # to come back: a silent peer is noticed within about H, a closed connection within 2H/5.
                 sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(heartbeat * 1000 / 5)))
-                sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(heartbeat * 1000 * 2 / 5)))
-                sock.setsockopt(zmq.HEARTBEAT_TTL, max(100, int(heartbeat * 1000 * 2 / 5)))
+                sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(heartbeat * 1000 * HEARTBEAT_TIMEOUT_SHARE)))
+                sock.setsockopt(zmq.HEARTBEAT_TTL, max(100, int(heartbeat * 1000 * HEARTBEAT_TIMEOUT_SHARE)))
                 # A connection that never completes its ZMTP handshake (libzmq's default allows 30 s) is
                 # dropped after 2H, so a silent stranger does not hold a socket's one place for long.
                 sock.setsockopt(zmq.HANDSHAKE_IVL, max(1000, int(heartbeat * 1000 * 2)))
@@ -315,7 +318,7 @@ class ZmqTransport(Transport):
                 elif self.gate.holder("recv") not in (None, self._holder):
                     raise PeerGone(f"{self.peer} is gone: another connection holds its place now (a restarted peer; or "
                                    f"ZeroMQ dropped a connection whose message took longer than "
-                                   f"{0.4 * self.heartbeat:g} s to arrive, 2/5 of --heartbeat: on a thin link "
+                                   f"{HEARTBEAT_TIMEOUT_SHARE * self.heartbeat:g} s to arrive, 2/5 of --heartbeat: on a thin link "
                                    "give both stages a --heartbeat of 2.5 x the largest message's transfer time)")
                 self._gone_since = self.gate.vacated_since("recv")
         if self._gone_since is not None and time.monotonic() >= self._gone_since + self._grace:

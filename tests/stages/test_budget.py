@@ -85,6 +85,47 @@ def test_a_codec_switched_to_a_leaner_setting_keeps_its_state():
     assert codecs["bwd"].density == 0.25 and codecs["bwd"].residual is residual
     codecs.retune("fwd", "int8")
     assert codecs["fwd"].name == "int8"
+    # The delta codec's cache of the rollout's features goes with it (training needs what the rollout filled).
+    deltas = CodecSet(fwd="delta:q=topk,density=0.2")
+    deltas.observe_rollout(Context(idx=torch.arange(4)), torch.rand(4, 8))
+    cache = deltas["fwd"].cache
+    deltas.retune("fwd", "delta:q=topk,density=0.1")
+    assert deltas["fwd"].cache is cache and deltas["fwd"].view is not None
+
+
+def test_a_stage1_without_a_budget_refuses_one_and_groups_must_agree():
+    from splitrl.envs import EnvSpec
+    from splitrl.stages import Learner
+    from splitrl.transport.wire import Message
+
+    spec = EnvSpec(obs_shape=(4, 96, 96), action_dim=3, action_low=(-1.0, 0.0, 0.0), action_high=(1.0, 1.0, 1.0))
+    step = {"features": torch.rand(1, 4096)}
+    announced = {"rollout": "fp32", "fwd": "fp32", "bwd": "fp32", "exchange": "features"}
+    plain = Learner(TrainSettings(), spec)
+    plain.begin_rollout(1)
+    with pytest.raises(ProtocolError, match="has none"):
+        plain.act(0, Message("step", {"budget": announced}, step))
+    two = dataclasses.replace(TrainSettings(), env=dataclasses.replace(TrainSettings().env, num_envs=2),
+                              codecs=CodecSettings(link_budget="1mbit"))
+    learner = Learner(two, spec)
+    learner.set_groups(2)
+    learner.begin_rollout(1)
+    learner.act(0, Message("step", {"budget": announced}, step), g=0)
+    with pytest.raises(ProtocolError, match="differs between groups"):
+        learner.act(0, Message("step", {"budget": {**announced, "fwd": "int8"}}, step), g=1)
+
+
+def test_a_step_that_saves_nothing_is_not_taken():
+    """Four minibatches an iteration: past periods of 2 and 4 the replica saves at most one small update (1 %),
+    then nothing, so the budget stops there (it would make the replica staler for nothing), even with the link
+    far too thin."""
+    base = _settings(exchange="replica:last_every=1,all_every=2", codec_fwd="bf16", codec_bwd="bf16")
+    settings = dataclasses.replace(base, ppo=dataclasses.replace(base.ppo, epochs=2, minibatches=2))
+    budget = LinkBudget(settings, rate=8.0, weights=(1000, 10))
+    factors = [f for _, f in budget.ladders["exchange"]]
+    assert factors[2] == factors[3] == factors[4] == factors[5] > 0.98 * factors[1]
+    budget.choose(2, _record(1, 10.0, 0.0, heads__recv_bytes=4e6, train_bwd__recv_bytes=1e3))
+    assert budget.levels["exchange"] == 1 and budget.levels["bwd"] == 1
 
 
 @pytest.mark.parametrize("change, words", [
