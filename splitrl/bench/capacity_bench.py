@@ -37,7 +37,7 @@ from ..schedule.common import expect
 from ..schedule.session import open_link
 from ..settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
 from ..stages import STAGE0, STAGE1, Edge
-from ..transport import Message
+from ..transport import Message, PeerAbort, PeerGone
 from ..transport.endpoints import slot_endpoint
 from ..transport.handshake import handshake
 
@@ -102,6 +102,10 @@ def _replay_edge(g: int, connect: str, settings: TrainSettings, payloads: list, 
                 rtts.append(time.perf_counter() - sent)
             t += 1
         out[g] = rtts
+    except (PeerAbort, PeerGone) as exc:
+        # Each edge stops at the window's end on its own clock; stage1 acts in lock step, so an edge that was
+        # still waiting for an action when another stopped is told so. After the window that is the end.
+        out[g] = rtts if time.monotonic() >= window["stop"] else exc
     except BaseException as exc:  # reported by the caller: one edge's failure fails the count
         out[g] = exc
     finally:
