@@ -170,13 +170,24 @@ def make_learner(settings: TrainSettings, spec: EnvSpec) -> Learner:
                    slots=settings.schedule.max_staleness + 1 if concurrent else 1)
 
 
+def _recorded_checkpoints(run_dir: Path) -> list[int]:
+    """Stage0's checkpoints whose iteration has its metrics record: the checkpoint is written before the record
+    (the record needs stage1's statistics, which come with the end of the iteration), so a run stopped between the
+    two resumes from the checkpoint before, and redoes that iteration, rather than leave a hole in metrics.jsonl."""
+    try:
+        recorded = {int(r["iteration"]) for r in read_metrics(run_dir)}
+    except ValueError:  # no metrics.jsonl: no iteration was recorded
+        recorded = set()
+    return [i for i in checkpoint_iterations(run_dir, STAGE0) if i in recorded]
+
+
 def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, start_timeout: float | None = None,
                  resume: bool = False, evaluation: Evaluation | None = None) -> list[dict[str, Any]]:
     """Handshake, every iteration (from the newest checkpoint both stages have, with ``resume``), close.
     Returns the metrics records."""
     try:
         exchange = edge_exchange(edge)
-        ours = checkpoint_iterations(edge.run_log.dir, STAGE0) if resume else []
+        ours = _recorded_checkpoints(edge.run_log.dir) if resume else []
         extra = {**({"checkpoints": ours} if resume else {}),
                  **({"edge": edge.edge} if edge.settings.schedule.edges > 1 else {})}
         hello = handshake(link, STAGE0, STAGE1, edge.settings.shared(), timeout=start_timeout, extra=extra or None)

@@ -164,3 +164,22 @@ def test_a_checkpoint_is_whole_or_absent_and_a_full_disk_names_the_path(tmp_path
             load_checkpoint(disk / "run", "stage1", 1)
     finally:
         subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_a_checkpoint_without_its_metrics_record_is_not_resumed_from(tmp_path):
+    """Stopped after stage0 saved iteration 3 but before it wrote iteration 3's record: resume from 2 and redo 3
+    (seen once in CI under load: the resumed run's metrics had no iteration 3)."""
+    import json
+
+    from splitrl.schedule.session import _recorded_checkpoints
+
+    (tmp_path / "checkpoints").mkdir()
+    for it in (2, 3):
+        for suffix in (".pt", ".pt.sha256"):
+            (tmp_path / "checkpoints" / f"stage0-iter{it:05d}{suffix}").write_text("x")
+    assert _recorded_checkpoints(tmp_path) == []  # no metrics at all
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i}) + "\n" for i in (1, 2)))
+    assert _recorded_checkpoints(tmp_path) == [2]
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"iteration": 3}) + "\n")
+    assert _recorded_checkpoints(tmp_path) == [2, 3]
