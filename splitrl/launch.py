@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -37,12 +38,36 @@ STOP_GRACE_S = 15.0
 _POLL_S = 0.1
 
 
+_PICK = random.SystemRandom()
+"""Not the global generator: a run seeds that one, and two processes must not pick alike."""
+
+
+def _below_ephemeral() -> tuple[int, int] | None:
+    """Ports under the kernel's ephemeral range (where outgoing connections take their local port): a port chosen
+    there cannot be taken by a connection between our check and the stage's bind (seen once: an edge's
+    connection took the port stage1 was about to bind). None where the range is unknown or starts too low."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (10_000, low - 1) if low > 12_000 else None
+
+
 def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
-    """A port P such that P .. P+count-1 were all free on ``host`` a moment ago."""
-    for _ in range(100):
+    """A port P such that P .. P+count-1 were all free on ``host`` a moment ago (below the ephemeral range where
+    the kernel has one)."""
+    below = _below_ephemeral()
+    for attempt in range(100):
         with contextlib.ExitStack() as held:
             first = held.enter_context(socket.socket())
-            first.bind((host, 0))
+            if below is not None and attempt < 50:
+                try:
+                    first.bind((host, _PICK.randint(below[0], below[1] - count + 1)))
+                except OSError:
+                    continue
+            else:
+                first.bind((host, 0))
             port = first.getsockname()[1]
             if port + count - 1 > 65535:
                 continue
