@@ -31,6 +31,11 @@ class EnvSpec:
     discrete: bool = False
     """Whether the action space is Discrete (a categorical policy; the default keeps older run configs valid)."""
 
+    @classmethod
+    def from_config(cls, data: dict[str, Any]) -> "EnvSpec":
+        """The spec a run's config wrote (its ``env_spec``: JSON lists back to tuples)."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
     def env_action(self, action: np.ndarray, mode: str) -> np.ndarray:
         """What the envs are given for the actions stage1 sent (`ActorCriticHeads.wire_action`): a Discrete
         space's int64 actions from indices 0 .. action_dim - 1 (B,), shifted by its start; a Box's float32

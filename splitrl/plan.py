@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .errors import SettingsError
 from .netem.tc import FRAME_BYTES, MSS_BYTES
-from .runs import iteration_bytes, measured_records, read_metrics
+from .runs import iteration_bytes, measured_records, read_metrics, run_config
 
 if TYPE_CHECKING:
     from .envs import EnvSpec
@@ -264,19 +264,12 @@ class RunConfig:
 
 
 def load_run(run_dir: str | Path) -> RunConfig:
-    import json
-
     from .envs import EnvSpec, choose_vector
     from .settings import TrainSettings
 
-    run = Path(run_dir)
-    path = next((run / n for n in ("config-stage0.json", "config.json") if (run / n).exists()), None)
-    if path is None:
-        raise SettingsError(f"{run}: no config-stage0.json (is it a splitrl run directory?)")
-    config = json.loads(path.read_text())
+    config = run_config(run_dir)
     settings = TrainSettings.from_dict(config["settings"])
-    fields = {f.name for f in dataclasses.fields(EnvSpec)}
-    spec = EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["env_spec"].items() if k in fields})
+    spec = EnvSpec.from_config(config["env_spec"])
     options = config.get("options", {})
     return RunConfig(settings, spec, int(config.get("torch_threads") or options.get("threads") or 0),
                      choose_vector(options.get("vector", "sync"), settings.env.num_envs))

@@ -239,13 +239,22 @@ def read_episodes(run_dir: str | Path) -> list[dict[str, Any]]:
     return _read_jsonl(path) if path.exists() else []
 
 
-def run_settings(run_dir: str | Path) -> dict[str, Any]:
-    """The training settings the run was started with (stage0's config for a split run); {} if none."""
+def run_config(run_dir: str | Path) -> dict[str, Any]:
+    """The run's config file as written at its start (stage0's for a split run: config-stage0.json);
+    `SettingsError` if there is none."""
     for name in ("config-stage0.json", "config.json"):
         path = Path(run_dir) / name
         if path.exists():
-            return json.loads(path.read_text())["settings"]
-    return {}
+            return json.loads(path.read_text())
+    raise SettingsError(f"{run_dir}: no config.json or config-stage0.json (not a run directory?)")
+
+
+def run_settings(run_dir: str | Path) -> dict[str, Any]:
+    """The training settings the run was started with (stage0's config for a split run); {} if none."""
+    try:
+        return run_config(run_dir)["settings"]
+    except SettingsError:
+        return {}
 
 
 NOT_TRAINING_KINDS = frozenset({"eval_heads"})

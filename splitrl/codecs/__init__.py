@@ -106,10 +106,9 @@ class CodecSet:
     def retune(self, stream: str, spec: str) -> None:
         """Carry ``stream`` with ``spec`` from now on. A codec of the same kind takes over the old one's state
         (residuals, caches: the objects themselves, not copies); one of another kind starts afresh."""
-        old = self.codecs[stream]
-        if old.spec() == parse_codec(spec, stream).spec():
+        old, new = self.codecs[stream], parse_codec(spec, stream)
+        if old.spec() == new.spec():
             return
-        new = parse_codec(spec, stream)
         inner_old, inner_new = getattr(old, "inner", old), getattr(new, "inner", new)
         if type(inner_old) is type(inner_new):
             for key in (*inner_old.state, *inner_old.carried):

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..envs import EnvSpec, make_single_env, to_chw
 from ..models import ActorCriticHeads, agent
-from ..runs import checkpoint_iterations, load_checkpoint
+from ..runs import checkpoint_iterations, load_checkpoint, run_config
 from ..settings import SettingsError, TrainSettings
 from .protocol import STAGE0, STAGE1
 
@@ -145,12 +145,9 @@ def load_agent(run_dir: str | Path, iteration: int | None = None, stage1_dir: st
     across machines (each stage its own directory)."""
     run_dir = Path(run_dir)
     stage1_dir = Path(stage1_dir) if stage1_dir else run_dir
-    config_path = next((run_dir / n for n in ("config-stage0.json", "config.json") if (run_dir / n).exists()), None)
-    if config_path is None:
-        raise SettingsError(f"{run_dir}: no config.json or config-stage0.json (not a run directory?)")
-    config = json.loads(config_path.read_text())
+    config = run_config(run_dir)
     settings = _settings_of(config)
-    spec = EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["env_spec"].items()})
+    spec = EnvSpec.from_config(config["env_spec"])
     both = sorted(set(checkpoint_iterations(run_dir, STAGE0)) & set(checkpoint_iterations(stage1_dir, STAGE1)))
     if not both:
         raise SettingsError(f"{run_dir}: no iteration with checkpoints of both stages (stage1's looked for in "
