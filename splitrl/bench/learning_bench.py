@@ -52,6 +52,9 @@ CONFIGS: dict[str, list[str]] = {
     # (--bottleneck, trained end to end) shrinks both 16-fold (issue 18's target: <= 1,500 B a step).
     "ours-bottleneck": ["--bottleneck", "256", "--codec-rollout", "int8+zstd",
                         "--exchange", "replica:last_every=1,all_every=80"],
+    # Half the width again: does the return hold at K = 128 (about 3/4 of ours-bottleneck's bytes)?
+    "ours-bottleneck-128": ["--bottleneck", "128", "--codec-rollout", "int8+zstd",
+                            "--exchange", "replica:last_every=1,all_every=80"],
     # The schedules of splitrl/schedule/ with fp32 on the link, as `splitrl bench pipeline` measures them:
     # the paper's 4096 samples an iteration from 4 envs x 1024 steps in 4 groups, 2 micro-batches a
     # minibatch, envs in worker processes; then the same with the rollout of the next iteration running
