@@ -92,14 +92,16 @@ class ActorCriticHeads(nn.Module):
 
     def evaluate(
         self, mean: torch.Tensor, value: torch.Tensor, action: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | None = None, parts: list[tuple[int, torch.Generator | None]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(action, log-prob, entropy, value) from `outputs`; samples the action when ``action`` is None.
 
-        The action is the pre-tanh u (B, A) for Box actions, the index (B,) for discrete ones."""
+        The action is the pre-tanh u (B, A) for Box actions, the index (B,) for discrete ones. ``parts``
+        (size, generator): the rows come in parts (groups acted for together), each sampled with its own
+        generator as it would be alone."""
         dist = self.distribution(mean)
         if action is None:
-            action = dist.sample(generator)
+            action = dist.sample(generator) if parts is None else dist.sample_parts(parts)
         return action, dist.log_prob(action), dist.entropy(), value
 
     def get_action_and_value(

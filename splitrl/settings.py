@@ -590,6 +590,11 @@ class RunOptions:
                              "samples left out from then on); below it, stage1 waits --rejoin seconds at the "
                              "iteration's end for edges to join; 0: every edge",
                          link=True)
+    act_wait: str = doc("all", "stage1 of a fleet: how long the first edge's step waits for the other edges' before "
+                               "one forward of the heads acts for those there: 'all' waits for every edge (lock step: "
+                               "N edges act as 1 edge in N groups, bit for bit), or milliseconds (e.g. 2): edges go "
+                               "at their own pace, and each edge's actions are drawn from a generator of its own step, "
+                               "so the run does not depend on who came when", link=True)
     edge_id: int = doc(-1, "stage0 of a fleet (--edges > 1): which edge this is, 0 .. edges - 1 (stage1's port pair "
                            "PORT + 2 x ID); -1: the first one free", link=True)
     eval_every: int = doc(0, "stage0: score the policy every N iterations (and after the last) on --eval-episodes "
@@ -599,12 +604,23 @@ class RunOptions:
     tensorboard: bool = doc(False, "stage0: also write every metric to TensorBoard event files in the run directory "
                                    "as each iteration ends (both stages' keys)")
 
+    def act_wait_seconds(self) -> float | None:
+        """``--act-wait`` in seconds; None for 'all' (lock step); NaN if it is neither."""
+        if self.act_wait == "all":
+            return None
+        try:
+            return float(self.act_wait) / 1000.0
+        except ValueError:
+            return float("nan")
+
     def errors(self) -> list[str]:
         out = []
         if not self.timeout > 0:
             out.append(f"--timeout must be > 0, got {self.timeout}")
         if not self.start_timeout > 0:
             out.append(f"--start-timeout must be > 0, got {self.start_timeout}")
+        if self.act_wait_seconds() is not None and not self.act_wait_seconds() >= 0:
+            out.append(f"--act-wait must be 'all' or milliseconds >= 0, got {self.act_wait!r}")
         if self.checkpoint_every < 0:
             out.append(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
         if self.transport not in TRANSPORTS:

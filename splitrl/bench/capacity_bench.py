@@ -103,8 +103,8 @@ def _replay_edge(g: int, connect: str, settings: TrainSettings, payloads: list, 
             t += 1
         out[g] = rtts
     except (PeerAbort, PeerGone) as exc:
-        # Each edge stops at the window's end on its own clock; stage1 acts in lock step, so an edge that was
-        # still waiting for an action when another stopped is told so. After the window that is the end.
+        # Each edge stops at the window's end on its own clock; in lock step stage1 then waits for it, so an
+        # edge that was still waiting for an action when another stopped is told so. After the window that is the end.
         out[g] = rtts if time.monotonic() >= window["stop"] else exc
     except BaseException as exc:  # reported by the caller: one edge's failure fails the count
         out[g] = exc
@@ -161,20 +161,22 @@ def _pin(core: int) -> Callable[[], None] | None:
 
 def run_capacity_bench(edge_counts: Sequence[int] = (1, 8, 32, 128), seconds: float = 10.0, warmup: float = 3.0,
                        codec: str = "fp32", bottleneck: int = 0, out_dir: str | None = None,
-                       echo: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """One row per edge count: a fresh stage1 on core 0, the replaying edges on core 1."""
+                       echo: Callable[[str], None] = print, act_waits: Sequence[str] = ("all",)
+                       ) -> list[dict[str, Any]]:
+    """One row per ``--act-wait`` and edge count: a fresh stage1 on core 0, the replaying edges on core 1."""
     rows = []
     work = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="splitrl-capacity-"))
     work.mkdir(parents=True, exist_ok=True)
-    for n in edge_counts:
+    for act_wait, n in ((w, n) for w in act_waits for n in edge_counts):
+        name = f"{n}-edges" if act_wait == "all" else f"{n}-edges-wait-{act_wait}ms"
         num_steps = max(2000, int(40_000 * (seconds + warmup) / n))  # more than the window can use
         port = free_port(count=2 * n)
         connect = f"tcp://127.0.0.1:{port}"
         settings_args = _settings_args(bench_settings(n, num_steps, codec, bottleneck))
-        log = open(work / f"{n}-edges-stage1.log", "w")
+        log = open(work / f"{name}-stage1.log", "w")
         stage1 = subprocess.Popen([sys.executable, "-m", "splitrl", "stage1", "--bind", connect, "--threads", "1",
-                                   "--run-dir", str(work / f"{n}-edges"), "--overwrite", "--checkpoint-every", "0",
-                                   "--start-timeout", "300", *settings_args],
+                                   "--run-dir", str(work / name), "--overwrite", "--checkpoint-every", "0",
+                                   "--start-timeout", "300", "--act-wait", act_wait, *settings_args],
                                   stdout=log, stderr=subprocess.STDOUT, preexec_fn=_pin(0))
         samples: list[tuple[float, float]] = []  # (monotonic time, stage1's CPU seconds)
         done = threading.Event()
@@ -205,18 +207,20 @@ def run_capacity_bench(edge_counts: Sequence[int] = (1, 8, 32, 128), seconds: fl
         times, cpus = np.array([t for t, _ in samples]), np.array([c for _, c in samples])
         warm, stop = row.pop("window")
         row["busy_stage1"] = float(np.interp(stop, times, cpus) - np.interp(warm, times, cpus)) / (stop - warm)
+        row["act_wait"] = act_wait
         rows.append(row)
-        echo(f"{n} edges: {row['requests_per_second']:.0f} requests/s, p50 {row['rtt_p50_ms']:.2f} ms, "
+        echo(f"{n} edges, --act-wait {act_wait}: {row['requests_per_second']:.0f} requests/s, p50 {row['rtt_p50_ms']:.2f} ms, "
              f"p99 {row['rtt_p99_ms']:.2f} ms")
     (work / "capacity.json").write_text(json.dumps(rows, indent=1))
     return rows
 
 
 def capacity_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| edges | acting requests/s | round trip p50 ms | p99 ms | busy stage1 | busy replaying edges | "
-             "step payload bytes |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| --act-wait | edges | acting requests/s | round trip p50 ms | p99 ms | busy stage1 | "
+             "busy replaying edges | step payload bytes |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['edges']} | {r['requests_per_second']:.0f} | {r['rtt_p50_ms']:.2f} | "
+        wait = r.get("act_wait", "all")
+        lines.append(f"| {wait if wait == 'all' else wait + ' ms'} | {r['edges']} | {r['requests_per_second']:.0f} | {r['rtt_p50_ms']:.2f} | "
                      f"{r['rtt_p99_ms']:.2f} | {r['busy_stage1']:.2f} | {r['busy_edges']:.2f} | {r['payload_bytes']} |")
     return "\n".join(lines)
 

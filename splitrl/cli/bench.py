@@ -250,10 +250,12 @@ def bench_fleet(edge_counts: str, iterations: int, num_steps: int, out_dir: str 
 @click.option("--warmup", default=3.0, show_default=True, help="seconds of requests not counted first")
 @click.option("--codec-rollout", "codec", default="fp32", show_default=True, help="the step messages' features codec")
 @click.option("--bottleneck", default=0, show_default=True, help="features of the network with --bottleneck K")
+@click.option("--act-wait", "act_waits", default="all", show_default=True,
+              help="comma-separated stage1 --act-wait values ('all': lock step; milliseconds: as the edges come)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="keep stage1's logs and capacity.json here")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
-def bench_capacity(edge_counts: str, seconds: float, warmup: float, codec: str, bottleneck: int, out_dir: str | None,
-                   json_path: str | None) -> None:
+def bench_capacity(edge_counts: str, seconds: float, warmup: float, codec: str, bottleneck: int, act_waits: str,
+                   out_dir: str | None, json_path: str | None) -> None:
     """One stage1 (on one core) against fake edges replaying captured step messages (on the other): acting
     requests answered per second and their round trip, p50 and p99, per edge count."""
     from ..bench.capacity_bench import capacity_table, run_capacity_bench
@@ -261,7 +263,8 @@ def bench_capacity(edge_counts: str, seconds: float, warmup: float, codec: str, 
     def go() -> list:
         counts = _counts("--edges", edge_counts)
         return run_capacity_bench(counts, seconds, warmup, codec, bottleneck, out_dir,
-                                  echo=lambda line: click.echo(line, err=True))
+                                  echo=lambda line: click.echo(line, err=True),
+                                  act_waits=[w.strip() for w in act_waits.split(",") if w.strip()])
 
     rows = run_cli(go)
     click.echo(capacity_table(rows))

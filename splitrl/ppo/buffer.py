@@ -50,6 +50,13 @@ class RolloutBuffer:
         self.logprobs[step, envs] = self._vec(logprobs, n)
         self.values[step, envs] = self._vec(values, n)
 
+    def add_rows(self, steps: torch.Tensor, envs: torch.Tensor, *, actions, logprobs, values) -> None:
+        """`add` for rows of different steps: row i is step ``steps[i]`` of env ``envs[i]``."""
+        n = len(envs)
+        self.actions[steps, envs] = torch.as_tensor(actions, dtype=self.actions.dtype).detach()
+        self.logprobs[steps, envs] = self._vec(logprobs, n)
+        self.values[steps, envs] = self._vec(values, n)
+
     def add_outcome(self, step: int, *, rewards, terminated, truncated, final_values=None,
                     envs: slice = slice(None)) -> None:
         """Record what the env returned after acting at step ``step``.
@@ -57,7 +64,14 @@ class RolloutBuffer:
         ``final_values`` (N,) = V(real last obs) is read only where truncated and
         not terminated; zeros are stored elsewhere.
         """
-        n = self._width(envs)
+        self._store_outcome((step, envs), self._width(envs), rewards, terminated, truncated, final_values)
+
+    def add_outcome_rows(self, steps: torch.Tensor, envs: torch.Tensor, *, rewards, terminated, truncated,
+                         final_values=None) -> None:
+        """`add_outcome` for rows of different steps: row i is step ``steps[i]`` of env ``envs[i]``."""
+        self._store_outcome((steps, envs), len(envs), rewards, terminated, truncated, final_values)
+
+    def _store_outcome(self, where, n: int, rewards, terminated, truncated, final_values) -> None:
         term = self._vec(terminated, n).bool()
         trunc = self._vec(truncated, n).bool()
         needs_bootstrap = trunc & ~term
@@ -68,10 +82,10 @@ class RolloutBuffer:
             fv = torch.zeros(n)
         else:
             fv = torch.where(needs_bootstrap, self._vec(final_values, n), torch.zeros(n))
-        self.rewards[step, envs] = self._vec(rewards, n)
-        self.terminated[step, envs] = term.float()
-        self.truncated[step, envs] = trunc.float()
-        self.final_values[step, envs] = fv
+        self.rewards[where] = self._vec(rewards, n)
+        self.terminated[where] = term.float()
+        self.truncated[where] = trunc.float()
+        self.final_values[where] = fv
 
     def finish(self, last_value, gamma: float = 0.99, gae_lambda: float = 0.95,
                weights: torch.Tensor | None = None) -> None:

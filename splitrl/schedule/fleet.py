@@ -5,7 +5,9 @@ pair ``PORT + 2 x edge``, docs/PROTOCOL.md section 15); stage1 serves them all i
 
 1. rollout: step ``t`` from every edge, then one forward of the heads for all of them
    (`Learner.act_groups`: dynamic batching, the batch is the fleet) and each edge its
-   actions; then every edge's ``rollout_end``;
+   actions; then every edge's ``rollout_end``. With ``--act-wait MS`` the edges go at their own
+   pace instead: stage1 answers the steps that have come, once all have or MS after the first
+   (an inference server's bounded queue delay), each edge at its own step;
 2. training: the minibatches are drawn from all edges' samples (the minibatch order is
    `minibatch_schedule` over the fleet's ``num_steps x num_envs x edges`` samples, which every
    side computes); each edge forwards and back-propagates its share of a minibatch
@@ -42,6 +44,7 @@ from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..stages.evaluate import Evaluation
 from ..stages.protocol import STAGE0, STAGE1
 from ..transport import Message, PeerAbort, PeerGone, ProtocolError, Transport, TransportTimeout
+from ..transport.base import Watch
 from ..transport.errors import peer_repr
 from ..transport.handshake import HandshakeError, answer_hello
 from .common import (IterationLog, PhaseClock, checkpoint_due, expect, stage0_after_rollout, stage0_finish,
@@ -155,6 +158,7 @@ class Roster:
         self.min_edges = min_edges or len(self.links)
         self.rejoin = rejoin
         self.dropped = self.joined = 0
+        self._watch: tuple[tuple[int, ...], Watch] | None = None
 
     def live(self) -> list[int]:
         return [g for g, alive in enumerate(self.alive) if alive]
@@ -195,6 +199,30 @@ class Roster:
         """``kind`` from every live edge, in edge order: (edge, message) of those still there."""
         got = [(g, self.expect(g, kind, **header)) for g in self.live()]
         return [(g, msg) for g, msg in got if msg is not None]
+
+    def pending(self, edges: list[int], timeout: float) -> list[int]:
+        """Which of ``edges`` have a message waiting: at once those that have, else within ``timeout`` seconds
+        (`Transport.watch`: one wait over every live edge's link, kept while the fleet stays the same)."""
+        if not edges:
+            return []
+        live = tuple(self.live())
+        if self._watch is None or self._watch[0] != live:
+            self._watch = live, self.links[live[0]].watch([self.links[g] for g in live])
+        wanted = set(edges)
+        return [g for g in (live[i] for i in self._watch[1].wait(timeout)) if g in wanted]
+
+    def check(self, g: int, silent: float) -> None:
+        """Drop edge ``g`` if its liveness layer counts it gone, or if it has been silent ``silent`` seconds,
+        past its link's timeout."""
+        if not self.alive[g]:
+            return
+        link = self.links[g]
+        try:
+            link.check_alive()
+            if silent > link.timeout:
+                raise TransportTimeout(f"no message from {link.peer} within {link.timeout:g} s")
+        except LINK_ERRORS as exc:
+            self.lose(g, exc)
 
     def send(self, g: int, kind: str, tensors: Any = None, header: dict[str, Any] | None = None) -> None:
         """Send on edge ``g``'s link unless it was dropped; a failure drops it."""
@@ -305,10 +333,78 @@ class _RosterLink:
         self.roster.send(self.g, kind, tensors, header)
 
 
-def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run_log: RunLog | None = None) -> int:
+def _rollout_in_lock_step(learner: Learner, roster: Roster, busy: PhaseClock, per_edge: int) -> None:
+    """Step t of every edge, one forward of the heads for all of them, each edge its actions; then t + 1. The
+    actions are drawn in edge order from one generator: what 1 edge with every edge's envs in groups draws."""
+    for t in range(learner.settings.ppo.num_steps):
+        steps = roster.gather("step", t=t)
+        with busy("heads"):
+            replies = learner.act_groups([(g, t, msg) for g, msg in steps])
+        learner.stats["fleet/act_batch_mean"].append(float(len(steps) * per_edge))
+        for (g, _), (tensors, header) in zip(steps, replies):
+            roster.send(g, "action", tensors, {**header, "t": t})
+    for g, msg in roster.gather("rollout_end"):
+        with busy("heads"):
+            learner.end_rollout(msg, g)
+
+
+LIVENESS_EVERY = 0.1
+"""Seconds between looks at the liveness of edges whose next message has not come (``--act-wait``)."""
+
+
+def _rollout_as_they_come(learner: Learner, roster: Roster, busy: PhaseClock, per_edge: int, wait: float) -> None:
+    """Dynamic batching (``--act-wait`` seconds): the steps of the edges there, one forward of the heads for
+    all of them once every edge still stepping has sent one or ``wait`` has passed since the first came; each
+    edge at its own step. Actions are drawn per edge and step (`Learner.step_generator`), so the run is the
+    same whoever comes first. An edge silent past its link's timeout, or gone, is dropped as in lock step."""
+    steps = learner.settings.ppo.num_steps
+    now = time.monotonic()
+    todo = {g: 0 for g in roster.live()}  # each edge's next step; ``steps``: its rollout_end
+    heard = dict.fromkeys(todo, now)  # when each edge last sent or was answered
+    pending: list[tuple[int, int, Message]] = []
+    first = looked = now
+    while todo:
+        waiting = [g for g in todo if all(g != p for p, _, _ in pending)]
+        timeout = max(0.0, first + wait - now) if pending else LIVENESS_EVERY
+        for g in roster.pending(waiting, timeout if waiting else 0.0):
+            t, now = todo[g], time.monotonic()
+            heard[g] = now
+            if t < steps:
+                msg = roster.expect(g, "step", t=t)
+                if msg is not None:
+                    first = now if not pending else first
+                    pending.append((g, t, msg))
+            else:
+                msg = roster.expect(g, "rollout_end")
+                if msg is not None:
+                    with busy("heads"):
+                        learner.end_rollout(msg, g)
+                    del todo[g]
+        now = time.monotonic()
+        if now >= looked + LIVENESS_EVERY:  # the edges that have not sent: gone, or silent too long?
+            looked = now
+            for g in [g for g in todo if all(g != p for p, _, _ in pending)]:
+                roster.check(g, silent=now - heard[g])
+        for g in [g for g in todo if not roster.alive[g]]:
+            del todo[g]
+        pending = [p for p in pending if roster.alive[p[0]]]
+        if pending and (len(pending) == len(todo) or now >= first + wait):
+            with busy("heads"):
+                replies = learner.act_groups(pending, order_free=True)
+            learner.stats["fleet/act_batch_mean"].append(float(len(pending) * per_edge))
+            now = time.monotonic()
+            for (g, t, _), (tensors, header) in zip(pending, replies):
+                roster.send(g, "action", tensors, {**header, "t": t})
+                todo[g], heard[g] = t + 1, now
+            pending = []
+
+
+def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run_log: RunLog | None = None,
+                act_wait: float | None = None) -> int:
     """Every iteration from stage1's side, serving the edges of ``roster`` (started: `Roster.start`) until
     they close; returns the iterations served. ``learner`` learns as the whole fleet
-    (`TrainSettings.fleet_view`), edge g's envs its group g, whether or not edge g is there."""
+    (`TrainSettings.fleet_view`), edge g's envs its group g, whether or not edge g is there.
+    ``act_wait``: None, the rollout in lock step; seconds, as the edges come (`_rollout_as_they_come`)."""
     s = learner.settings
     edges = len(roster.links)
     per_edge = s.env.num_envs // edges
@@ -318,18 +414,12 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run
         busy = PhaseClock()
         cpu_start = time.process_time()
 
-        # -- rollout: every edge's step t, one forward of the heads for all of them --------
+        # -- rollout: the edges' steps, one forward of the heads for those there --------
         learner.begin_rollout(iteration)
-        for t in range(s.ppo.num_steps):
-            steps = roster.gather("step", t=t)
-            with busy("heads"):
-                replies = learner.act_groups(t, steps)
-            learner.stats["fleet/act_batch_mean"].append(float(len(steps) * per_edge))
-            for (g, _), (tensors, header) in zip(steps, replies):
-                roster.send(g, "action", tensors, {**header, "t": t})
-        for g, msg in roster.gather("rollout_end"):
-            with busy("heads"):
-                learner.end_rollout(msg, g)
+        if act_wait is None:
+            _rollout_in_lock_step(learner, roster, busy, per_edge)
+        else:
+            _rollout_as_they_come(learner, roster, busy, per_edge, act_wait)
         with busy("heads"):
             rollout = learner.rollout_summary()
             schedule = learner.begin_training(iteration)  # GAE over the fleet's samples

@@ -316,14 +316,15 @@ def run_stage0(settings: TrainSettings, options: RunOptions, connect: str) -> li
 
 
 def serve_fleet(learner: Learner, links: list[Transport], settings: TrainSettings, run_log: RunLog | None = None, *,
-                start_timeout: float | None = None, min_edges: int = 0, rejoin: float = 0.0) -> int:
+                start_timeout: float | None = None, min_edges: int = 0, rejoin: float = 0.0,
+                act_wait: float | None = None) -> int:
     """Stage1 of a fleet: the edges' hellos (edge g on ``links[g]``; all of them, or ``min_edges``), then
     `fleet.stage1_loop` until they close (`fleet.Roster`: edges that fail are dropped, edges that come join)."""
     try:
         exchange = learner_exchange(learner)
         roster = fleet.Roster(links, settings.shared(), min_edges, rejoin)
         roster.start(start_timeout if start_timeout is not None else RunOptions().start_timeout)
-        served = fleet.stage1_loop(learner, exchange, roster, run_log)
+        served = fleet.stage1_loop(learner, exchange, roster, run_log, act_wait)
     except BaseException as exc:
         for link in links:
             link.abort(f"stage1 failed: {type(exc).__name__}: {exc}")
@@ -340,7 +341,8 @@ def run_fleet_stage1(settings: TrainSettings, options: RunOptions, bind: str, sp
             links.append(open_link(options, slot_endpoint(bind, g), bind=True, peer=f"edge {g}"))
         log.info("[stage1] listening for %d edges on %s (edge g: port + 2g)", len(links), links[0].endpoint)
         return serve_fleet(learner, links, settings, run_log, start_timeout=options.start_timeout,
-                           min_edges=options.min_edges, rejoin=options.rejoin)
+                           min_edges=options.min_edges, rejoin=options.rejoin,
+                           act_wait=options.act_wait_seconds())
     finally:
         for link in links:
             link.close()

@@ -40,6 +40,26 @@ __all__ = ["Learner"]
 
 log = logging.getLogger(__name__)
 
+_MASK64 = (1 << 64) - 1
+
+BATCH_INVARIANT_ROWS = 4
+"""On one intra-op thread, torch's CPU matrix products give a row the same numbers in every batch of at least
+this many rows, and other numbers (last bits) in batches of 1 to 3; on two threads other sizes differ too
+(measured here; tests/schedule/test_fleet.py checks the first). Acting for a fleet as its edges come runs the
+heads on one thread with smaller batches padded to this, so that no action depends on who came with whom."""
+
+
+def _batch_invariant(forward: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``forward(x)`` on one intra-op thread, ``x`` padded with zero rows to `BATCH_INVARIANT_ROWS`."""
+    rows, threads = len(x), torch.get_num_threads()
+    if rows < BATCH_INVARIANT_ROWS:
+        x = torch.cat([x, x.new_zeros((BATCH_INVARIANT_ROWS - rows,) + tuple(x.shape[1:]))])
+    torch.set_num_threads(1)
+    try:
+        return tuple(out[:rows] for out in forward(x))
+    finally:
+        torch.set_num_threads(threads)
+
 
 class Learner:
     """Heads + PPO. With the cut before the first layer it also keeps the rollout's
@@ -157,35 +177,60 @@ class Learner:
 
     def act(self, t: int, msg: Message, g: int = 0) -> Payload:
         """Record the outcome that rides on group ``g``'s step ``t``, then sample the policy's action."""
-        return self.act_groups(t, [(g, msg)])[0]
+        return self.act_groups([(g, t, msg)])[0]
 
-    def act_groups(self, t: int, steps: list[tuple[int, Message]]) -> list[Payload]:
-        """`act` for several groups' step ``t`` messages (``(g, msg)``) with one forward of the heads (a fleet's
-        edges, batched as an inference server would); each group's actions are sampled in the order given."""
+    def act_groups(self, steps: list[tuple[int, int, Message]], order_free: bool = False) -> list[Payload]:
+        """`act` for several groups' step messages (``(g, t, msg)``: group ``g``'s step ``t``) with one forward
+        of the heads (a fleet's edges, batched as an inference server would).
+
+        Each group's actions are sampled in the order given, from the shared generator, unless
+        ``order_free``: then from a generator seeded by (seed, iteration, g, t) alone (`step_generator`), and
+        the heads' forward gets at least `BATCH_INVARIANT_ROWS` rows, so the actions do not depend on which
+        groups came together or in what order (a fleet served as its edges arrive, ``--act-wait``)."""
         n, slot = self.settings.env.num_envs, self._slot(self.iteration)
-        inputs = []
+        inputs, outcomes = [], []
         with torch.no_grad():
-            for g, msg in steps:
+            for g, t, msg in steps:
                 rows = torch.arange(self.groups[g].start, self.groups[g].stop)
                 if t == 0 and "budget" in msg.header:
                     self._budget(msg.header["budget"])
                 if t > 0:
-                    self._record_outcome(t - 1, msg, g)
+                    outcomes.append((t - 1, g, self._outcome(t - 1, msg, g)))
                 ctx = Context(idx=t * n + rows, envs=rows, global_step=self.global_step(t, g))
                 inputs.append(self._input(msg, ctx))
-            mean, value = self.acting.outputs(inputs[0] if len(inputs) == 1 else torch.cat(inputs))
+            self._record_outcomes(outcomes)
+            x = inputs[0] if len(inputs) == 1 else torch.cat(inputs)
+            if order_free:  # one thread, rows padded: any batch gives a row one result
+                mean, value = _batch_invariant(self.acting.outputs, x)
+            else:
+                mean, value = self.acting.outputs(x)
+            # Each group's draw is its own call, as one group alone would make it (a draw of the whole batch
+            # at once would give other numbers: torch fills large normal tensors block-wise).
+            parts = [(len(rows), self.step_generator(g, t) if order_free else self.generator)
+                     for (g, t, _), rows in zip(steps, inputs)]
+            u, logprob, _, v = self.acting.evaluate(mean, value, parts=parts)
+        at = torch.cat([torch.full((len(rows),), t) for (_, t, _), rows in zip(steps, inputs)])
+        envs = torch.cat([torch.arange(self.groups[g].start, self.groups[g].stop) for g, _, _ in steps])
+        self.buffer.add_rows(at, envs, actions=u, logprobs=logprob, values=v)
+        if self.inputs is not None:
+            self.inputs[slot][at, envs] = x
+        self.versions[slot][at, envs] = self._acting_version()
+        wire = self.acting.wire_action(u)
         payloads, start = [], 0
-        for (g, _), x in zip(steps, inputs):
-            envs, part = self.groups[g], slice(start, start + len(x))
-            start = part.stop
-            with torch.no_grad():
-                u, logprob, _, v = self.acting.evaluate(mean[part], value[part], generator=self.generator)
-            self.buffer.add(t, actions=u, logprobs=logprob, values=v, envs=envs)
-            if self.inputs is not None:
-                self.inputs[slot][t, envs] = x
-            self.versions[slot][t, envs] = self._acting_version()
-            payloads.append(({"action": self.acting.wire_action(u)}, {}))
+        for size, _ in parts:
+            payloads.append(({"action": wire[start:start + size]}, {}))
+            start += size
         return payloads
+
+    def step_generator(self, g: int, t: int) -> torch.Generator:
+        """A generator for group ``g``'s step ``t`` of the iteration being collected, seeded by those and the
+        run's seed alone (a splitmix64-style mix, so that nearby steps get unrelated streams)."""
+        key = (self.settings.seed, self.iteration, g, t)
+        h = 0x9E3779B97F4A7C15
+        for part in key:
+            h = (h ^ (part & _MASK64)) * 0xBF58476D1CE4E5B9 & _MASK64
+            h ^= h >> 31
+        return torch.Generator().manual_seed(h & 0x7FFF_FFFF_FFFF_FFFF)
 
     def _budget(self, announced: Any) -> None:
         """Stage0's ``--link-budget`` choice for the iteration being collected: the rollout codec switches now."""
@@ -213,6 +258,20 @@ class Learner:
             self.last_values[slot][self.groups[g]] = self.acting.get_value(x)
 
     def _record_outcome(self, step: int, msg: Message, g: int) -> None:
+        self._record_outcomes([(step, g, self._outcome(step, msg, g))])
+
+    def _record_outcomes(self, outcomes: list[tuple[int, int, tuple[torch.Tensor, ...]]]) -> None:
+        """Write `_outcome`s ((step, group, outcome) each) into the rollout buffer, all at once."""
+        if not outcomes:
+            return
+        steps = torch.cat([torch.full((len(o[0]),), step) for step, _, o in outcomes])
+        envs = torch.cat([torch.arange(self.groups[g].start, self.groups[g].stop) for _, g, _ in outcomes])
+        reward, terminated, truncated, final_values = (torch.cat(parts) for parts in zip(*(o for _, _, o in outcomes)))
+        self.buffer.add_outcome_rows(steps, envs, rewards=reward, terminated=terminated, truncated=truncated,
+                                     final_values=final_values)
+
+    def _outcome(self, step: int, msg: Message, g: int) -> tuple[torch.Tensor, ...]:
+        """Group ``g``'s (reward, terminated, truncated, final values) after step ``step``, as ``msg`` carries it."""
         envs = self.groups[g]
         n = envs.stop - envs.start
         reward = tensor(msg, "reward", (n,), torch.float32)
@@ -225,8 +284,7 @@ class Learner:
                 raise ProtocolError(f"{msg.kind}: final_index: expected int64 env indices in [0, {n}), got {index}")
             ctx = Context(envs=index + envs.start, global_step=self.global_step(step + 1, g))
             final_values[index] = self.acting.get_value(self._input(msg, ctx, "final_features"))
-        self.buffer.add_outcome(step, rewards=reward, terminated=terminated, truncated=truncated,
-                                final_values=final_values, envs=envs)
+        return reward, terminated, truncated, final_values
 
     # -- training --------------------------------------------------------------------
     def begin_training(self, iteration: int) -> list[list[torch.Tensor]]:

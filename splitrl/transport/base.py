@@ -20,7 +20,7 @@ import torch
 from .errors import PeerAbort, PeerGone, ProtocolError, TransportClosed, TransportTimeout, peer_text
 from .wire import ABORT_KIND, HELLO_KIND, Message, WireLimits, decode, encode, frame_nbytes, session_of
 
-__all__ = ["Transport", "ByteMeter", "MeterEntry", "INVALID_KIND", "STRANGER_KIND", "WAITING_LINE_EVERY"]
+__all__ = ["Transport", "Watch", "ByteMeter", "MeterEntry", "INVALID_KIND", "STRANGER_KIND", "WAITING_LINE_EVERY"]
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +242,18 @@ class Transport(ABC):
         """Before a session: let go of the connection a stranger's message came on, where a transport can
         (plain TCP); ZeroMQ's gate and handshake timeout bound its connections instead."""
 
+    def pending(self) -> bool:
+        """Whether a message (or a stranger's frames) waits to be received: a receive would not block."""
+        raise NotImplementedError(f"{type(self).__name__} cannot tell whether a message waits")
+
+    def check_alive(self) -> None:
+        """`PeerGone` if the liveness layer (``--heartbeat``) counts the peer gone; a receive checks this too."""
+
+    @staticmethod
+    def watch(links: Sequence["Transport"]) -> "Watch":
+        """A `Watch` over ``links`` (of this transport's kind): waits for whichever has a message."""
+        return Watch(links)
+
     def new_session(self) -> None:
         """Forget the session and its sequence numbers: the next ``hello`` opens another (a peer that
         rejoins after its predecessor was lost). What the old session sent and left queued is a stranger's."""
@@ -271,3 +283,21 @@ class Transport(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Watch:
+    """Waits on several links at once for whichever has a message (`Transport.watch`). This one looks at each
+    link every half millisecond; `ZmqTransport`'s waits in one poll."""
+
+    def __init__(self, links: Sequence[Transport]) -> None:
+        self.links = list(links)
+
+    def wait(self, timeout: float) -> list[int]:
+        """The indices of the links with a message waiting: at once those that have one, else within
+        ``timeout`` seconds those that have one when the first does (or none)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = [i for i, link in enumerate(self.links) if link.pending()]
+            if ready or time.monotonic() >= deadline:
+                return ready
+            time.sleep(0.0005)

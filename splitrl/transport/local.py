@@ -42,6 +42,9 @@ class LocalTransport(Transport):
         except queue.Empty:
             raise TransportTimeout(f"no message from {self.peer} within {timeout:g} s") from None
 
+    def pending(self) -> bool:
+        return not self.inbox.empty()
+
     def _close(self) -> None:
         while True:
             try:

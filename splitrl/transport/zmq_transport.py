@@ -17,7 +17,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ..errors import SettingsError
 from . import curve as curve_keys
-from .base import WAITING_LINE_EVERY, Transport
+from .base import WAITING_LINE_EVERY, Transport, Watch
 from .curve import CurveKeys
 from .endpoints import parse_tcp_endpoint
 from .errors import PeerGone, ProtocolError, TransportTimeout
@@ -338,6 +338,19 @@ class ZmqTransport(Transport):
                      "notices within its --heartbeat; start both with --resume then)"}
         return f"{self.peer} refused this connection: {why.get(self._refused, f'ZAP status {self._refused}')}"
 
+    def pending(self) -> bool:
+        return bool(self._pull.poll(0, zmq.POLLIN))
+
+    def check_alive(self) -> None:
+        self._link_events()
+        self._check_alive()
+
+    @staticmethod
+    def watch(links: Sequence[Transport]) -> Watch:
+        if not all(isinstance(link, ZmqTransport) for link in links):
+            return Watch(links)
+        return _ZmqWatch(links)
+
     def _link_events(self) -> None:
         for event in _drained(self._monitor):
             kind = event["event"]
@@ -371,3 +384,18 @@ class ZmqTransport(Transport):
         self._push.close()
         if self._own_ctx is not None:
             self._own_ctx.term()
+
+
+class _ZmqWatch(Watch):
+    """`Watch` for ZeroMQ links: one poll over their receiving sockets, registered once."""
+
+    def __init__(self, links: Sequence[Transport]) -> None:
+        super().__init__(links)
+        self._poller = zmq.Poller()
+        self._index: dict[Any, int] = {}
+        for i, link in enumerate(self.links):
+            self._poller.register(link._pull, zmq.POLLIN)  # type: ignore[attr-defined]
+            self._index[link._pull] = i  # type: ignore[attr-defined]
+
+    def wait(self, timeout: float) -> list[int]:
+        return sorted(self._index[sock] for sock, _ in self._poller.poll(max(0, round(timeout * 1000))))

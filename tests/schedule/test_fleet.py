@@ -89,12 +89,84 @@ def test_the_fleets_stage1_acts_for_all_edges_with_one_forward_as_it_would_group
         learner.set_groups(2)
         learner.begin_rollout(1)
     features = torch.randn(2, 2, batched.feature_dim, generator=torch.Generator().manual_seed(0))
-    steps = [(g, Message("step", {}, {"features": features[g]})) for g in range(2)]
-    together = batched.act_groups(0, steps)
-    apart = [one_by_one.act(0, msg, g) for g, msg in steps]
+    steps = [(g, 0, Message("step", {}, {"features": features[g]})) for g in range(2)]
+    together = batched.act_groups(steps)
+    apart = [one_by_one.act(0, msg, g) for g, _, msg in steps]
     for (a, _), (b, _) in zip(together, apart):
         torch.testing.assert_close(a["action"], b["action"])
     torch.testing.assert_close(batched.buffer.logprobs, one_by_one.buffer.logprobs)
+
+
+def test_acting_as_the_edges_come_draws_the_same_actions_whoever_came_together():
+    """``--act-wait``: each group's actions come from a generator of its own step and the forward is padded to
+    a batch size whose rows do not depend on the batch, so serving the four groups together, or in any other
+    grouping and order, fills the same buffer bit for bit."""
+    settings = TrainSettings(env=EnvSettings(num_envs=4), ppo=PPOSettings(num_steps=2, epochs=1, minibatches=1))
+    spec = inspect_env(settings.env)
+    features = torch.rand(2, 4, 1, 4096, generator=torch.Generator().manual_seed(0))
+    outcome = {"reward": torch.ones(1), "terminated": torch.zeros(1, dtype=torch.bool),
+               "truncated": torch.zeros(1, dtype=torch.bool)}
+
+    def step(g, t):
+        return g, t, Message("step", {}, {"features": features[t, g], **(outcome if t else {})})
+
+    def served(batches):
+        learner = Learner(settings, spec)
+        learner.set_groups(4)
+        learner.begin_rollout(1)
+        actions = {}
+        for batch in batches:
+            for (g, t), (tensors, _) in zip(batch, learner.act_groups([step(g, t) for g, t in batch],
+                                                                      order_free=True)):
+                actions[g, t] = tensors["action"]
+        return actions, learner.buffer
+
+    together, buffer = served([[(0, 0), (1, 0), (2, 0), (3, 0)], [(0, 1), (1, 1), (2, 1), (3, 1)]])
+    apart, other = served([[(2, 0)], [(3, 0), (0, 0)], [(2, 1)], [(1, 0), (0, 1), (3, 1)], [(1, 1)]])
+    assert all(torch.equal(together[key], apart[key]) for key in together)
+    for name in ("actions", "logprobs", "values", "rewards"):
+        assert torch.equal(getattr(buffer, name), getattr(other, name)), name
+    lock_step, _ = served([[(0, 0), (1, 0), (2, 0), (3, 0)]])
+    assert torch.equal(lock_step[0, 0], together[0, 0])
+    # The fact the padding rests on, for this machine's torch: on one thread, rows in batches of 4 or more
+    # get the numbers they get in any other such batch.
+    heads, threads = Learner(settings, spec).heads, torch.get_num_threads()
+    x = torch.rand(64, 4096, generator=torch.Generator().manual_seed(1))
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            whole = heads.outputs(x)[0]
+            assert all(torch.equal(heads.outputs(x[i:i + n])[0], whole[i:i + n]) for n in (4, 5, 17) for i in (0, 9))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_fleet_served_as_its_edges_come_trains_the_same_whether_it_waits_or_not(tmp_path, spawn):
+    """``--act-wait 0`` answers whichever edge's step is there (batches of one or two, the edges drifting
+    apart); ``--act-wait 5000`` waits for both (batches of two): the same heads, encoders and episodes."""
+    runs = {}
+    for wait in ("0", "5000"):
+        port = free_port(count=4)
+        fleet = tmp_path / f"wait-{wait}"
+        args = [*ONE_ENV_EACH, "--edges", "2", *LINK]
+        s1 = spawn("stage1", "--bind", f"tcp://127.0.0.1:{port}", "--run-dir", str(fleet), "--act-wait", wait, *args)
+        edges = [spawn("stage0", "--connect", f"tcp://127.0.0.1:{port}", "--edge-id", str(k),
+                       "--run-dir", str(tmp_path / f"wait-{wait}-edge{k}"), *args) for k in range(2)]
+        outs = [edge.finish(timeout=300) for edge in edges]
+        code1, out1 = s1.finish(timeout=30)
+        assert all(code == 0 for code, _ in outs) and code1 == 0, "\n".join(out for _, out in outs) + out1
+        runs[wait] = fleet
+    heads = [load_checkpoint(runs[w], "stage1", 2)["heads"] for w in ("0", "5000")]
+    assert all(torch.equal(heads[0][name], heads[1][name]) for name in heads[1])
+    for k in range(2):
+        nets = [load_checkpoint(tmp_path / f"wait-{w}-edge{k}", "stage0", 2)["net"] for w in ("0", "5000")]
+        assert all(torch.equal(nets[0][name], nets[1][name]) for name in nets[1])
+        episodes = [_rows(tmp_path / f"wait-{w}-edge{k}" / "episodes.jsonl") for w in ("0", "5000")]
+        assert [(e["return"], e["length"]) for e in episodes[0]] == [(e["return"], e["length"]) for e in episodes[1]]
+    batches = [[r["fleet/act_batch_mean"] for r in _rows(tmp_path / f"wait-{w}-edge0" / "metrics.jsonl")]
+               for w in ("0", "5000")]
+    assert batches[1] == [2.0, 2.0]  # it waited for both every time
+    assert all(1.0 <= b <= 2.0 for b in batches[0])
 
 
 @pytest.mark.parametrize("schedule, codecs, words", [

@@ -601,3 +601,37 @@ def test_a_message_of_too_many_frames_is_dropped_part_by_part_and_the_link_goes_
         binder.recv(timeout=T)
     sock.send_multipart([head])
     assert binder.recv(timeout=T).kind == "x"
+
+
+def test_a_watch_over_several_links_says_which_have_a_message_and_waits_no_longer_than_asked(make):
+    """What a fleet's stage1 acting as its edges come waits on (`Transport.watch`)."""
+    pairs = []
+    for k in range(3):
+        binder = make("tcp://127.0.0.1:0", bind=True, name=f"edge {k}")
+        pairs.append((binder, make(binder.endpoint, bind=False, name="stage1")))
+    binders = [b for b, _ in pairs]
+    watch = binders[0].watch(binders)
+    start = time.monotonic()
+    assert watch.wait(0.2) == []
+    assert 0.15 <= time.monotonic() - start < 2.0
+    pairs[2][1].send("step", header={"t": 0})
+    pairs[0][1].send("step", header={"t": 0})
+    deadline = time.monotonic() + T
+    ready: list[int] = []
+    while len(ready) < 2 and time.monotonic() < deadline:  # the two may land a moment apart
+        ready = watch.wait(T)
+        time.sleep(0.01)
+    assert ready == [0, 2]
+    assert binders[2].pending() and binders[0].pending() and not binders[1].pending()
+    assert binders[2].recv(T).header == {"t": 0}
+    assert watch.wait(0.0) == [0]
+
+
+def test_the_generic_watch_looks_at_each_link():
+    from splitrl.transport.local import LocalTransport
+    a, b = LocalTransport.pair("stage1", "edge 0")
+    c, d = LocalTransport.pair("stage1", "edge 1")
+    watch = LocalTransport.watch([b, d])
+    assert watch.wait(0.01) == []
+    c.send("step")
+    assert watch.wait(T) == [1]
