@@ -12,11 +12,12 @@
 #      install_requires pinned by constraints.txt; the host's pip must find torch's CPU build);
 #   5. builds the real Dockerfile from them: --build-arg BASE=$BASE_IMAGE --build-arg WHEELS=1
 #      (classic builder, low CPU shares);
-#   6. `docker-compose up` of compose.yaml plus an override that gives both containers low CPU
-#      shares (cpu_shares 64), with the link shaped to $NETEM_RATE;
-#   7. checks that both containers exited 0, that stage0's run directory on its volume has
-#      metrics.jsonl with every iteration and stage1's has its config and final checkpoint;
-#   8. `docker-compose down -v` (containers, the network, the volumes).
+#   6. `docker-compose up` of compose.yaml plus an override that gives the containers low CPU
+#      shares (cpu_shares 64), with the link shaped to $NETEM_RATE: first one edge, then a fleet
+#      (EDGES=$FLEET_EDGES, `--scale stage0=$FLEET_EDGES`);
+#   7. after each, checks that every container exited 0, that each edge's run directory on stage0's
+#      volume has metrics.jsonl with every iteration and stage1's has its config and final checkpoint;
+#   8. `docker-compose down -v` (containers, the network, the volumes) after each.
 # On any exit (success, failure, Ctrl-C) the trap does 8, removes temporary files, and, if this
 # script started dockerd, stops it and removes what the engine added to the host: the bridges
 # (docker0, br-*) and veths that were not there before, its iptables rules (the saved ruleset is
@@ -24,7 +25,7 @@
 # stay (the next run reuses them; `docker image rm` removes them).
 #
 # Environment: NETEM_RATE [20mbit], NETEM_DELAY, NETEM_LOSS, NETEM_ALLOW_PARTIAL, SPLITRL_ARGS,
-# CODEC_ROLLOUT/CODEC_FWD/CODEC_BWD (passed to compose.yaml, see there); PYTHON [python3] (its pip
+# CODEC_ROLLOUT/CODEC_FWD/CODEC_BWD (passed to compose.yaml, see there); FLEET_EDGES [2] (the fleet run's edges); PYTHON [python3] (its pip
 # makes the wheelhouse; must be CPython 3.11, like the base image's); PIP_DOWNLOAD_ARGS (extra
 # `pip download` options, e.g. "--extra-index-url https://download.pytorch.org/whl/cpu" where the
 # host's pip does not know torch's CPU build); BASE_IMAGE [splitrl-base:bookworm]; MIRROR
@@ -222,7 +223,7 @@ DOCKER_BUILDKIT=0 nice -n 19 docker build --cpu-shares 64 --build-arg BASE="$BAS
 size=$(docker image inspect -f '{{.Size}}' "$IMAGE")
 log "image $IMAGE built in $(since "$t0") s: $((size / 1000000)) MB"
 
-# -- 6. compose up -------------------------------------------------------------------------------
+# -- 6. compose up, 7. checks: one edge, then a fleet ---------------------------------------------
 cat > "$STATE/low-cpu.yaml" <<'EOF'
 # scripts/compose_e2e.sh only: the test run must not take CPU from anything else on the machine
 version: "2.4"
@@ -233,57 +234,84 @@ services:
     cpu_shares: 64
 EOF
 "${compose[@]}" config -q || die "docker-compose rejects compose.yaml"
-log "NETEM_RATE=$NETEM_RATE${NETEM_DELAY:+ NETEM_DELAY=$NETEM_DELAY}${NETEM_LOSS:+ NETEM_LOSS=$NETEM_LOSS} \
-docker-compose -p $PROJECT -f compose.yaml -f <low-cpu override> up --no-build"
-compose_up=1
-t0=$(now)
-set +e
-timeout "$TIMEOUT" "${compose[@]}" up --no-build --no-color 2>&1 | tee "$OUT/up.log"
-up_rc=${PIPESTATUS[0]}
-set -e
-up_seconds=$(since "$t0")
-((up_rc != 124)) || die "docker-compose up did not finish within $TIMEOUT s"
 
-# -- 7. checks -----------------------------------------------------------------------------------
-declare -A code
-for service in stage1 stage0; do
-    id=$("${compose[@]}" ps -q "$service")
-    [[ -n "$id" ]] || die "no $service container"
-    code[$service]=$(docker inspect -f '{{.State.ExitCode}}' "$id")
-    started=$(docker inspect -f '{{.State.StartedAt}}' "$id")
-    finished=$(docker inspect -f '{{.State.FinishedAt}}' "$id")
-    log "$service: exit ${code[$service]} (started $started, finished $finished)"
-    rm -rf "${OUT:?}/$service-runs"
-    docker cp "$id:/runs" "$OUT/$service-runs" || die "cannot copy $service's /runs volume"
-done
-log "docker-compose up: exit $up_rc after $up_seconds s"
-[[ ${code[stage1]} == 0 && ${code[stage0]} == 0 ]] \
-    || die "stage1 exited ${code[stage1]}, stage0 exited ${code[stage0]} (log: $OUT/up.log)"
-
-metrics="$OUT/stage0-runs/train/metrics.jsonl"
-[[ -s "$metrics" ]] || die "no metrics.jsonl in stage0's run directory"
-iterations=$(wc -l < "$metrics")
-expected=$("$PYTHON" - "$OUT/stage0-runs/train/config-stage0.json" <<'EOF'
+# run NAME EDGES: `docker-compose up --scale stage0=EDGES` with EDGES in the environment; checks that every
+# container exited 0 and that each edge's run directory holds every iteration; `down -v` after.
+run() {
+    local name=$1 edges=$2 t0 up_rc up_seconds id service code dir metrics iterations expected entry
+    local -a found ids=()
+    log "[$name] EDGES=$edges NETEM_RATE=$NETEM_RATE${NETEM_DELAY:+ NETEM_DELAY=$NETEM_DELAY}\
+${NETEM_LOSS:+ NETEM_LOSS=$NETEM_LOSS} docker-compose -p $PROJECT -f compose.yaml -f <low-cpu override> up \
+--no-build --scale stage0=$edges"
+    compose_up=1
+    t0=$(now)
+    set +e
+    EDGES=$edges timeout "$TIMEOUT" "${compose[@]}" up --no-build --no-color --scale stage0="$edges" 2>&1 \
+        | tee "$OUT/$name-up.log"
+    up_rc=${PIPESTATUS[0]}
+    set -e
+    up_seconds=$(since "$t0")
+    ((up_rc != 124)) || die "[$name] docker-compose up did not finish within $TIMEOUT s"
+    for service in stage1 stage0; do
+        mapfile -t found < <("${compose[@]}" ps -q "$service")
+        ((${#found[@]} > 0)) || die "[$name] no $service container"
+        [[ $service == stage1 || ${#found[@]} == "$edges" ]] || die "[$name] ${#found[@]} stage0 containers, not $edges"
+        for id in "${found[@]}"; do
+            code=$(docker inspect -f '{{.State.ExitCode}}' "$id")
+            log "[$name] $service $(docker inspect -f '{{.Name}}' "$id"): exit $code"
+            [[ $code == 0 ]] || die "[$name] $service exited $code (log: $OUT/$name-up.log)"
+            ids+=("$service:$id")
+        done
+    done
+    rm -rf "${OUT:?}/$name"
+    mkdir -p "$OUT/$name"
+    for entry in "${ids[@]}"; do  # a service's containers share its volume: one copy each
+        service=${entry%%:*}
+        id=${entry#*:}
+        [[ -d "$OUT/$name/$service-runs" ]] || docker cp "$id:/runs" "$OUT/$name/$service-runs" \
+            || die "[$name] cannot copy $service's /runs volume"
+    done
+    log "[$name] docker-compose up: exit $up_rc after $up_seconds s"
+    "${compose[@]}" down -v --remove-orphans --timeout 20 2>&1 | sed 's/^/  /'
+    compose_up=0
+    [[ -s "$OUT/$name/stage1-runs/train/config-stage1.json" ]] || die "[$name] no config-stage1.json from stage1"
+    compgen -G "$OUT/$name/stage1-runs/train/checkpoints/stage1-iter*.pt" > /dev/null || die "[$name] no stage1 checkpoint"
+    log "[$name] stage1 volume: $(cd "$OUT/$name/stage1-runs/train" && find . -type f | sort | tr '\n' ' ')"
+    for dir in "$OUT/$name"/stage0-runs/*/; do
+        metrics="$dir/metrics.jsonl"
+        [[ -s "$metrics" ]] || die "[$name] no metrics.jsonl in $dir"
+        iterations=$(wc -l < "$metrics")
+        expected=$("$PYTHON" - "$dir/config-stage0.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
 s = c.get("settings", c)
 ppo = s.get("ppo", {})
 steps = s.get("total_steps")
-per = ppo.get("num_steps", 0) * s.get("env", {}).get("num_envs", 1)
+per = ppo.get("num_steps", 0) * s.get("env", {}).get("num_envs", 1) * s.get("schedule", {}).get("edges", 1)
 print(steps // per if steps and per else "")
-EOF
+PY
 )
-log "stage0 volume: $(cd "$OUT/stage0-runs/train" && find . -type f | sort | tr '\n' ' ')"
-log "stage1 volume: $(cd "$OUT/stage1-runs/train" && find . -type f | sort | tr '\n' ' ')"
-[[ -z "$expected" || "$iterations" == "$expected" ]] || die "metrics.jsonl has $iterations lines, expected $expected"
-[[ -s "$OUT/stage1-runs/train/config-stage1.json" ]] || die "no config-stage1.json in stage1's run directory"
-compgen -G "$OUT/stage1-runs/train/checkpoints/stage1-iter*.pt" > /dev/null || die "no stage1 checkpoint"
-"$PYTHON" - "$metrics" <<'EOF'
+        log "[$name] stage0 volume, $(basename "$dir"): $(cd "$dir" && find . -type f | sort | tr '\n' ' ')"
+        [[ -z "$expected" || "$iterations" == "$expected" ]] \
+            || die "[$name] $metrics has $iterations lines, expected $expected"
+        "$PYTHON" - "$metrics" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
     net = sum(v for k, v in r.items() if k.startswith("net/") and k.endswith("_bytes"))
-    print(f"  iteration {r.get('iteration')}: {r['time/iteration']:.1f} s, {r['charts/SPS']:.1f} steps/s, "
+    edge = f"edge {r['fleet/edge']} " if "fleet/edge" in r else ""
+    print(f"  {edge}iteration {r.get('iteration')}: {r['time/iteration']:.1f} s, {r['charts/SPS']:.1f} steps/s, "
           f"link wait {r['time/link_wait']:.1f} s, {net / 1e6:.1f} MB on the link")
-EOF
-log "PASS: both containers exited 0; $iterations iterations in metrics.jsonl; up took $up_seconds s"
+PY
+    done
+    (($(find "$OUT/$name/stage0-runs" -mindepth 1 -maxdepth 1 -type d | wc -l) == edges)) \
+        || die "[$name] not $edges edge run directories on stage0's volume"
+    log "[$name] PASS: every container exited 0; every edge's metrics.jsonl has every iteration; up took $up_seconds s"
+}
+
+run one-edge 1
+# A fleet: stage1 with --edges N, stage0 scaled to N containers, each with a key pair and a place of its own
+# and its own shaped link (docker/entrypoint.sh).
+FLEET_EDGES="${FLEET_EDGES:-2}"
+run fleet "$FLEET_EDGES"
+log "PASS: one edge, and a fleet of $FLEET_EDGES"

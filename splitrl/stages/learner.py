@@ -126,6 +126,9 @@ class Learner:
             raise ValueError(f"{n} envs do not split into {groups} equal groups")
         size = n // groups
         self.groups = [slice(g * size, (g + 1) * size) for g in range(groups)]
+        self.group_rows = [torch.arange(g * size, (g + 1) * size) for g in range(groups)]
+        """Each group's env indices in the rollout batch, as a tensor."""
+        self._no_final_values = torch.zeros(size)
 
     def _slot(self, iteration: int) -> int:
         return iteration % len(self.buffers)
@@ -191,7 +194,7 @@ class Learner:
         inputs, outcomes = [], []
         with torch.no_grad():
             for g, t, msg in steps:
-                rows = torch.arange(self.groups[g].start, self.groups[g].stop)
+                rows = self.group_rows[g]
                 if t == 0 and "budget" in msg.header:
                     self._budget(msg.header["budget"])
                 if t > 0:
@@ -209,8 +212,7 @@ class Learner:
             parts = [(len(rows), self.step_generator(g, t) if order_free else self.generator)
                      for (g, t, _), rows in zip(steps, inputs)]
             u, logprob, _, v = self.acting.evaluate(mean, value, parts=parts)
-        at = torch.cat([torch.full((len(rows),), t) for (_, t, _), rows in zip(steps, inputs)])
-        envs = torch.cat([torch.arange(self.groups[g].start, self.groups[g].stop) for g, _, _ in steps])
+        at, envs = self._rows_of([(t, g) for g, t, _ in steps])
         self.buffer.add_rows(at, envs, actions=u, logprobs=logprob, values=v)
         if self.inputs is not None:
             self.inputs[slot][at, envs] = x
@@ -264,11 +266,21 @@ class Learner:
         """Write `_outcome`s ((step, group, outcome) each) into the rollout buffer, all at once."""
         if not outcomes:
             return
-        steps = torch.cat([torch.full((len(o[0]),), step) for step, _, o in outcomes])
-        envs = torch.cat([torch.arange(self.groups[g].start, self.groups[g].stop) for _, g, _ in outcomes])
+        steps, envs = self._rows_of([(step, g) for step, g, _ in outcomes])
         reward, terminated, truncated, final_values = (torch.cat(parts) for parts in zip(*(o for _, _, o in outcomes)))
         self.buffer.add_outcome_rows(steps, envs, rewards=reward, terminated=terminated, truncated=truncated,
                                      final_values=final_values)
+
+    def _rows_of(self, parts: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(step, env) index tensors of the rows of ``parts`` ((step, group) each), in that order."""
+        if len(parts) == 1:
+            t, g = parts[0]
+            rows = self.group_rows[g]
+            return torch.full((len(rows),), t), rows
+        size = self.groups[0].stop - self.groups[0].start  # every group is this wide
+        steps = torch.tensor([t for t, _ in parts]).repeat_interleave(size) if size > 1 else \
+            torch.tensor([t for t, _ in parts])
+        return steps, torch.cat([self.group_rows[g] for _, g in parts])
 
     def _outcome(self, step: int, msg: Message, g: int) -> tuple[torch.Tensor, ...]:
         """Group ``g``'s (reward, terminated, truncated, final values) after step ``step``, as ``msg`` carries it."""
@@ -277,8 +289,9 @@ class Learner:
         reward = tensor(msg, "reward", (n,), torch.float32)
         terminated = tensor(msg, "terminated", (n,), torch.bool)
         truncated = tensor(msg, "truncated", (n,), torch.bool)
-        final_values = torch.zeros(n)
+        final_values = self._no_final_values[:n]  # read only; a fresh tensor where an episode ended
         if "final_index" in msg.tensors:
+            final_values = torch.zeros(n)
             index = msg.tensors["final_index"]
             if index.dtype != torch.int64 or index.dim() != 1 or not bool(((index >= 0) & (index < n)).all()):
                 raise ProtocolError(f"{msg.kind}: final_index: expected int64 env indices in [0, {n}), got {index}")

@@ -360,10 +360,11 @@ def test_min_edges_is_checked():
     assert "--min-edges must be >= 0, got -1" in RunOptions(min_edges=-1).errors()
 
 
-@pytest.mark.parametrize("min_edges", [1, 0])
-def test_an_edge_that_dies_is_dropped_and_the_fleet_trains_on_above_min_edges(tmp_path, spawn, min_edges):
+@pytest.mark.parametrize("min_edges, act_wait", [(1, "all"), (0, "all"), (1, "2")])
+def test_an_edge_that_dies_is_dropped_and_the_fleet_trains_on_above_min_edges(tmp_path, spawn, min_edges, act_wait):
     """Edge 1 is killed after its first iteration. With --min-edges 1 stage1 drops it (logged, counted in
-    metrics) and trains on with edge 0 to the end; with the default (every edge) the loss ends the run."""
+    metrics) and trains on with edge 0 to the end, in lock step or acting as the edges come; with the
+    default (every edge) the loss ends the run."""
     import signal
     import time
 
@@ -372,7 +373,7 @@ def test_an_edge_that_dies_is_dropped_and_the_fleet_trains_on_above_min_edges(tm
     args = ["--num-envs", "1", "--total-steps", str(32 * 2 * iterations), *TWO_ENVS[4:], *LINK,
             "--min-edges", str(min_edges)]
     s1 = spawn("stage1", "--bind", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / "fleet"), "--edges", "2",
-               *args)
+               "--act-wait", act_wait, *args)
     edges = [spawn("stage0", "--connect", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / f"edge{k}"),
                    "--edges", "2", "--edge-id", str(k), *args) for k in range(2)]
     metrics = tmp_path / "edge1" / "metrics.jsonl"
