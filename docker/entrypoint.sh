@@ -17,6 +17,8 @@
 #   CODEC_ROLLOUT, CODEC_FWD, CODEC_BWD
 #                        wire codecs, each passed as one argument, e.g. CODEC_BWD=ef:density=0.02,values=int8
 #                        (`splitrl codecs` lists them); unset or empty: the default, fp32
+#   EDGES                a fleet of this many edges (default 1; see below), CLAIMS_DIR [/claims] where the
+#                        stage0 containers claim their places
 set -euo pipefail
 
 dev="${NETEM_DEV:-eth0}"
@@ -46,6 +48,28 @@ if [[ "${1:-}" == splitrl ]]; then
                 var="CODEC_${stream^^}"
                 if [[ -n "${!var:-}" ]]; then extra+=("--codec-$stream" "${!var}"); fi
             done
+            # A fleet (EDGES > 1, compose's --scale stage0=EDGES): stage1 serves EDGES edges; each stage0
+            # claims the first free place K on the shared claims volume (mkdir is atomic) and takes it
+            # (--edge-id K), with the key pair edgeK where the link uses CURVE and its run directory
+            # /runs/edgeK. Later options win over the command's own.
+            edges="${EDGES:-1}"
+            if ((edges > 1)); then
+                extra+=(--edges "$edges")
+                if [[ "$2" == stage0 ]]; then
+                    mkdir -p "${CLAIMS_DIR:-/claims}"
+                    place=
+                    for ((k = 0; k < edges; k++)); do
+                        if mkdir "${CLAIMS_DIR:-/claims}/edge$k" 2> /dev/null; then place=$k; break; fi
+                    done
+                    if [[ -z "$place" ]]; then
+                        echo "entrypoint: all $edges places of the fleet are claimed (${CLAIMS_DIR:-/claims}); not starting" >&2
+                        exit 1
+                    fi
+                    echo "entrypoint: this container is edge $place of $edges"
+                    extra+=(--edge-id "$place" --run-dir "/runs/edge$place")
+                    if [[ " $* " == *" --curve "* ]]; then extra+=(--curve-name "edge$place"); fi
+                fi
+            fi
             set -- "$@" "${extra[@]}"
             ;;
     esac
