@@ -133,6 +133,7 @@ class ZmqTransport(Transport):
         # The connecting side's one connection, from its monitor: its peer is there once a ZMTP handshake has
         # succeeded (a stopped process still completes TCP connects, and a key CURVE refuses completes none)
         # and gone only after one has; a refusal by the binder's `Gate` is final.
+        self._pollers: dict[tuple[int, int], zmq.Poller] = {}
         self._monitor = self._pull.get_monitor_socket(_LINK_EVENTS) if heartbeat > 0 and not bind else None
         # The sending socket's connection too, for `admitted` (a binder admits each socket's connection apart).
         self._push_monitor = self._push.get_monitor_socket(_LINK_EVENTS) if heartbeat > 0 and not bind else None
@@ -267,7 +268,13 @@ class ZmqTransport(Transport):
                 raise TransportTimeout(f"could not send to {self.peer} within {timeout:g} s (is it running?)")
 
     def _poller(self, sock: zmq.Socket | None, event: int) -> zmq.Poller:
-        poller = zmq.Poller()
+        """A poller over ``sock`` for ``event`` and the monitors; made once per (socket, event): a receive
+        that has to wait should not pay for registering three sockets every time."""
+        key = (id(sock), event)
+        cached = self._pollers.get(key)
+        if cached is not None:
+            return cached
+        poller = self._pollers[key] = zmq.Poller()
         if sock is not None:
             poller.register(sock, event)
         for monitor in (self._monitor, self._push_monitor):
