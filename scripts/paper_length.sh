@@ -7,13 +7,16 @@
 #   scripts/paper_length.sh [RUN ...]     # e.g. bf16-seed1; default: every run, in the order below
 #
 # Each run goes on from its newest checkpoint (--resume) and a finished one is skipped, so rerunning the script
-# continues where it stopped. One run at a time: a pipelined run keeps both of this machine's cores busy.
+# continues where it stopped. A run stopped at a session's end is committed to docs/results/paper-length/RUN
+# with its newest pair of checkpoints (scripts/keep_run.sh); on a fresh clone the script copies it back to
+# $OUT and goes on from there. One run at a time: a pipelined run keeps both of this machine's cores busy.
 # bf16's two runs start from the 25-iteration runs of docs/results/pipeline.md (runs/pipeline-learning-seedN/
 # bf16-pipelined, the same settings but --total-steps), copied, when those are on disk.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/paper-length}
 EARLIER=${EARLIER:-runs}   # where runs/pipeline-learning-seedN are
+KEPT=${KEPT:-docs/results/paper-length}   # runs committed between sessions, each with its newest checkpoints
 PY=${PY:-.venv/bin/python}
 SCHEDULE=(--num-envs 4 --num-steps 1024 --rollout-groups 4 --vector async --threads 1 --total-steps 409600)
 config() {
@@ -35,6 +38,9 @@ for run in "${RUNS[@]}"; do
   name=${run%-seed*}; seed=${run##*-seed}; dir="$OUT/$run"
   # shellcheck disable=SC2046
   args=($(config "$name") "${SCHEDULE[@]}" --seed "$seed")
+  if [ ! -d "$dir" ] && ls "$KEPT/$run"/checkpoints/stage0-iter*.pt > /dev/null 2>&1; then
+    cp -r "$KEPT/$run" "$dir"  # a run an earlier session stopped and committed with its newest checkpoints
+  fi
   if [ "$name" = bf16 ] && [ ! -d "$dir" ] && [ -d "$EARLIER/pipeline-learning-seed$seed/bf16-pipelined/checkpoints" ]; then
     cp -r "$EARLIER/pipeline-learning-seed$seed/bf16-pipelined" "$dir"
   fi
