@@ -318,6 +318,27 @@ class _FakeLink:
         self.sessions += 1
 
 
+def test_acting_as_edges_come_drops_an_edge_that_is_gone_or_silent_past_its_timeout():
+    """`Roster.check`, what the as-they-come rollout asks of edges whose step has not come."""
+    from splitrl.schedule.fleet import Roster
+    from splitrl.transport import PeerGone
+
+    class Silent(_FakeLink):
+        timeout = 1.0
+
+        def check_alive(self):
+            if self.error is not None:
+                raise self.error
+
+    links = [Silent(), Silent(error=PeerGone("edge 1 is gone")), Silent()]
+    roster = _started(Roster(links, {}, min_edges=1))
+    roster.check(0, silent=0.5)
+    roster.check(1, silent=0.0)
+    assert roster.live() == [0, 2]
+    roster.check(2, silent=1.5)
+    assert roster.live() == [0] and roster.dropped == 2 and "no message from fake edge within 1 s" in links[2].aborted
+
+
 def _started(roster):
     roster.alive = [True] * len(roster.links)
     return roster
