@@ -361,19 +361,18 @@ def _rollout_as_they_come(learner: Learner, roster: Roster, busy: PhaseClock, pe
     now = time.monotonic()
     todo = {g: 0 for g in roster.live()}  # each edge's next step; ``steps``: its rollout_end
     heard = dict.fromkeys(todo, now)  # when each edge last sent or was answered
-    pending: list[tuple[int, int, Message]] = []
+    pending: dict[int, tuple[int, int, Message]] = {}  # edge -> its step waiting for an action
     first = looked = now
     while todo:
-        waiting = [g for g in todo if all(g != p for p, _, _ in pending)]
-        timeout = max(0.0, first + wait - now) if pending else LIVENESS_EVERY
-        for g in roster.pending(waiting, timeout if waiting else 0.0):
+        waiting = [g for g in todo if g not in pending]
+        for g in roster.pending(waiting, max(0.0, first + wait - now) if pending else LIVENESS_EVERY):
             t, now = todo[g], time.monotonic()
             heard[g] = now
             if t < steps:
                 msg = roster.expect(g, "step", t=t)
                 if msg is not None:
                     first = now if not pending else first
-                    pending.append((g, t, msg))
+                    pending[g] = (g, t, msg)
             else:
                 msg = roster.expect(g, "rollout_end")
                 if msg is not None:
@@ -383,20 +382,21 @@ def _rollout_as_they_come(learner: Learner, roster: Roster, busy: PhaseClock, pe
         now = time.monotonic()
         if now >= looked + LIVENESS_EVERY:  # the edges that have not sent: gone, or silent too long?
             looked = now
-            for g in [g for g in todo if all(g != p for p, _, _ in pending)]:
+            for g in [g for g in todo if g not in pending]:
                 roster.check(g, silent=now - heard[g])
         for g in [g for g in todo if not roster.alive[g]]:
             del todo[g]
-        pending = [p for p in pending if roster.alive[p[0]]]
+            pending.pop(g, None)
         if pending and (len(pending) == len(todo) or now >= first + wait):
+            batch = list(pending.values())
             with busy("heads"):
-                replies = learner.act_groups(pending, order_free=True)
-            learner.stats["fleet/act_batch_mean"].append(float(len(pending) * per_edge))
+                replies = learner.act_groups(batch, order_free=True)
+            learner.stats["fleet/act_batch_mean"].append(float(len(batch) * per_edge))
             now = time.monotonic()
-            for (g, t, _), (tensors, header) in zip(pending, replies):
+            for (g, t, _), (tensors, header) in zip(batch, replies):
                 roster.send(g, "action", tensors, {**header, "t": t})
                 todo[g], heard[g] = t + 1, now
-            pending = []
+            pending.clear()
 
 
 def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run_log: RunLog | None = None,

@@ -128,7 +128,6 @@ class Learner:
         self.groups = [slice(g * size, (g + 1) * size) for g in range(groups)]
         self.group_rows = [torch.arange(g * size, (g + 1) * size) for g in range(groups)]
         """Each group's env indices in the rollout batch, as a tensor."""
-        self._no_final_values = torch.zeros(size)
 
     def _slot(self, iteration: int) -> int:
         return iteration % len(self.buffers)
@@ -278,9 +277,8 @@ class Learner:
             rows = self.group_rows[g]
             return torch.full((len(rows),), t), rows
         size = self.groups[0].stop - self.groups[0].start  # every group is this wide
-        steps = torch.tensor([t for t, _ in parts]).repeat_interleave(size) if size > 1 else \
-            torch.tensor([t for t, _ in parts])
-        return steps, torch.cat([self.group_rows[g] for _, g in parts])
+        return (torch.tensor([t for t, _ in parts]).repeat_interleave(size),
+                torch.cat([self.group_rows[g] for _, g in parts]))
 
     def _outcome(self, step: int, msg: Message, g: int) -> tuple[torch.Tensor, ...]:
         """Group ``g``'s (reward, terminated, truncated, final values) after step ``step``, as ``msg`` carries it."""
@@ -289,9 +287,8 @@ class Learner:
         reward = tensor(msg, "reward", (n,), torch.float32)
         terminated = tensor(msg, "terminated", (n,), torch.bool)
         truncated = tensor(msg, "truncated", (n,), torch.bool)
-        final_values = self._no_final_values[:n]  # read only; a fresh tensor where an episode ended
+        final_values = torch.zeros(n)
         if "final_index" in msg.tensors:
-            final_values = torch.zeros(n)
             index = msg.tensors["final_index"]
             if index.dtype != torch.int64 or index.dim() != 1 or not bool(((index >= 0) & (index < n)).all()):
                 raise ProtocolError(f"{msg.kind}: final_index: expected int64 env indices in [0, {n}), got {index}")
