@@ -63,9 +63,12 @@ class ActorCriticHeads(nn.Module):
     """
 
     def __init__(self, trunk: nn.Module, feature_dim: int, action_dim: int, hidden: int = 512,
-                 init_log_std: float = 0.0, discrete: bool = False) -> None:
+                 init_log_std: float = 0.0, discrete: bool = False, input_dim: int | None = None) -> None:
         super().__init__()
         self.trunk = trunk
+        self.input_dim = feature_dim if input_dim is None else input_dim
+        """The width of what the heads are given at a 'cnn' cut: the trunk's input (an autoencoder's decoder
+        widens it to ``feature_dim``)."""
         self.discrete = discrete
         self.critic = nn.Sequential(
             layer_init(nn.Linear(feature_dim, hidden)), nn.Tanh(), layer_init(nn.Linear(hidden, 1), std=1.0)
@@ -122,7 +125,7 @@ class ActorCriticHeads(nn.Module):
 
 def build_agent(
     obs_shape: tuple[int, ...], action_dim: int, cut: str, seed: int, init_log_std: float = 0.0,
-    discrete: bool = False, bottleneck: int = 0,
+    discrete: bool = False, bottleneck: int = 0, autoencoder: bool = False,
 ) -> tuple[nn.Sequential, ActorCriticHeads]:
     """(stage0 module, stage1 heads) for the cut 'cnn' or 'input', initialised from ``seed``.
 
@@ -131,7 +134,11 @@ def build_agent(
     ``bottleneck`` K > 0: the encoder ends with a learned linear projection of its
     features to K values (orthogonal rows, no bias, no activation), so the heads' first
     layers take K inputs: what crosses the cut ('cnn'), and the heads' first layers, shrink
-    with K. Trained end to end by PPO's loss like every other layer.
+    with K. Trained end to end by PPO's loss like every other layer, or, with ``autoencoder``,
+    not by the loss at all (``requires_grad`` off): stage1 fits it and a decoder to reconstruct
+    the features (`splitrl.stages.autoencoder`). The decoder (K to the feature width, started
+    as the projection's transpose: an orthogonal projection's best linear inverse) is then the
+    heads' trunk, so the heads see the features as reconstructed.
     The global RNG is left as it was, so building one stage in a process that also
     runs the other changes nothing.
     """
@@ -140,16 +147,28 @@ def build_agent(
         layers = _encoder_layers(obs_shape[0])
         with torch.no_grad():
             feature_dim = nn.Sequential(*layers)(torch.zeros((1,) + tuple(obs_shape), dtype=torch.uint8)).shape[1]
+        trunk: list[nn.Module] = []
         if bottleneck:
-            layers.append(layer_init(nn.Linear(feature_dim, bottleneck, bias=False), std=1.0))
-            feature_dim = bottleneck
+            projection = layer_init(nn.Linear(feature_dim, bottleneck, bias=False), std=1.0)
+            layers.append(projection)
+            if autoencoder:
+                decoder = nn.Linear(bottleneck, feature_dim)
+                with torch.no_grad():
+                    decoder.weight.copy_(projection.weight.t())
+                    decoder.bias.zero_()
+                projection.requires_grad_(False)
+                trunk.append(decoder.requires_grad_(False))
+            else:
+                feature_dim = bottleneck
         at = {"cnn": len(layers), "input": 0}[cut]
-        heads = ActorCriticHeads(nn.Sequential(*layers[at:]), feature_dim, action_dim, init_log_std=init_log_std,
-                                 discrete=discrete)
+        heads = ActorCriticHeads(nn.Sequential(*layers[at:], *trunk), feature_dim, action_dim,
+                                 init_log_std=init_log_std, discrete=discrete,
+                                 input_dim=bottleneck if trunk else None)
     return nn.Sequential(*layers[:at]), heads
 
 
 def agent(settings: "TrainSettings", spec: "EnvSpec") -> tuple[nn.Sequential, ActorCriticHeads]:
     """`build_agent` for a run's settings and its environment."""
     return build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed, settings.ppo.init_log_std,
-                       discrete=spec.discrete, bottleneck=settings.bottleneck)
+                       discrete=spec.discrete, bottleneck=settings.bottleneck,
+                       autoencoder=settings.bottleneck_train == "autoencoder")

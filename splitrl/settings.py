@@ -434,6 +434,9 @@ class ScheduleSettings:
         return out
 
 
+BOTTLENECK_TRAINING = ("ppo", "autoencoder")
+
+
 @dataclass(frozen=True)
 class TrainSettings:
     """Everything both stages must agree on; hashed in the handshake."""
@@ -445,6 +448,12 @@ class TrainSettings:
     bottleneck: int = doc(0, "K > 0: the encoder ends with a learned linear projection of its 4096 features to K "
                              "values (the heads' first layers take K), trained end to end: the rollout's and "
                              "training's traffic and the replica's first layers shrink with K (0: none)")
+    bottleneck_train: str = doc("ppo", "how --bottleneck's projection learns: 'ppo' (end to end, with the loss) or "
+                                "'autoencoder' (the paper's literal variant: stage1 fits it with a decoder to "
+                                "reconstruct the 4096 features, ships it to stage0; the heads see the decoder's "
+                                "reconstruction)", choices=BOTTLENECK_TRAINING)
+    autoencoder_every: int = doc(16, "--bottleneck-train autoencoder: stage0 sends the 4096 features of every Nth "
+                                     "rollout step (int8+zstd), the samples stage1 fits the autoencoder on")
     env: EnvSettings = field(default_factory=EnvSettings)
     ppo: PPOSettings = field(default_factory=PPOSettings)
     codecs: CodecSettings = field(default_factory=CodecSettings)
@@ -483,6 +492,7 @@ class TrainSettings:
             out.append(f"--seed must be >= 0, got {self.seed}")
         if self.bottleneck < 0:
             out.append(f"--bottleneck must be >= 0 (0: none), got {self.bottleneck}")
+        out += self._autoencoder_errors()
         if not out and self.num_iterations < 1:
             out.append(
                 f"--total-steps {self.total_steps} is less than one iteration "
@@ -492,6 +502,25 @@ class TrainSettings:
             size, below = self.steps_per_iteration, self.num_iterations * self.steps_per_iteration
             out.append(f"--total-steps {self.total_steps} is not a whole number of iterations of {size} steps "
                        f"(num_steps x num_envs x edges): use {below} or {below + size}")
+        return out
+
+    def _autoencoder_errors(self) -> list[str]:
+        if self.bottleneck_train not in BOTTLENECK_TRAINING:
+            return [f"--bottleneck-train must be one of {', '.join(BOTTLENECK_TRAINING)}, got {self.bottleneck_train!r}"]
+        if self.bottleneck_train != "autoencoder":
+            return []
+        out = []
+        if self.autoencoder_every < 1:
+            out.append(f"--autoencoder-every must be >= 1, got {self.autoencoder_every}")
+        if not self.bottleneck or self.cut != "cnn":
+            out.append("--bottleneck-train autoencoder needs --bottleneck K and --cut cnn")
+        # The fitted projection reaches stage0 with the replica's update after each rollout.
+        if self.codecs.exchange.partition(":")[0] != "replica":
+            out.append("--bottleneck-train autoencoder needs --exchange replica (its projection travels with the "
+                       "replica's update after each rollout)")
+        if self.schedule.edges > 1:
+            out.append("--bottleneck-train autoencoder runs one edge (a fleet would average a projection that "
+                       "stage1 fits)")
         return out
 
     def validate(self, options: "RunOptions | None" = None) -> "TrainSettings":

@@ -52,6 +52,11 @@ CONFIGS: dict[str, list[str]] = {
     # (--bottleneck, trained end to end) shrinks both 16-fold (issue 18's target: <= 1,500 B a step).
     "ours-bottleneck": ["--bottleneck", "256", "--codec-rollout", "int8+zstd",
                         "--exchange", "replica:last_every=1,all_every=80"],
+    # The paper's literal variant at the same K: the projection fitted on stage1 as an autoencoder's encoder
+    # half (reconstructing the 4096 features from every 16th step's, sent int8+zstd) and shipped to stage0 with
+    # the replica's update; the heads take the decoder's reconstruction (splitrl/stages/autoencoder.py).
+    "ours-autoencoder": ["--bottleneck", "256", "--bottleneck-train", "autoencoder", "--codec-rollout", "int8+zstd",
+                         "--exchange", "replica:last_every=1,all_every=80"],
     # Half the width again: does the return hold at K = 128 (about 3/4 of ours-bottleneck's bytes)?
     "ours-bottleneck-128": ["--bottleneck", "128", "--codec-rollout", "int8+zstd",
                             "--exchange", "replica:last_every=1,all_every=80"],

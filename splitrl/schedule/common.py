@@ -195,7 +195,7 @@ class IterationLog:
             "time/total": time.perf_counter() - self.run_start,
         }
         record.update({k: v for k, v in stats.items()
-                       if k.startswith(("losses/", "cpu/", "async/", "eval/", "fleet/"))})
+                       if k.startswith(("losses/", "cpu/", "async/", "eval/", "fleet/", "autoencoder/"))})
         record.update(self.extra)
         record.update(edge.budget_metrics.pop(iteration, {}))
         # CPU seconds of this process in the iteration (in the twin, both stages share it).

@@ -36,6 +36,7 @@ from ..runs import RunLog
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
 from ..transport.errors import peer_repr
+from .autoencoder import pack_sample, sampled
 from .budget import TRAINING, LinkBudget, switch
 from .protocol import ENCODER_PREFIX, Payload, tensor
 from .weights import WeightSync
@@ -75,7 +76,7 @@ class Edge:
         self.vector = choose_vector(vector, settings.env.num_envs)
         """'sync': the environments step in this process; 'async': in worker processes (`splitrl.envs.StepInTwo`)."""
         self.net, _ = agent(settings, spec)
-        self.params = list(self.net.parameters())
+        self.params = [p for p in self.net.parameters() if p.requires_grad]  # not an autoencoder's projection
         self.optimizer = torch.optim.Adam(self.params, lr=settings.ppo.lr_encoder, eps=1e-5) if self.params else None
         self.acting = copy.deepcopy(self.net).requires_grad_(False) if acting_copy else self.net
         self.acting_version = 0
@@ -192,7 +193,14 @@ class Edge:
             header["budget"] = self.announced[self.iteration]
         fleet_envs = self.offset + envs
         ctx = Context(idx=t * self.total_envs + fleet_envs, envs=fleet_envs, global_step=self.global_step)
-        self.codecs.pack("rollout", "features", self.encode(obs), ctx, tensors, header)
+        if sampled(self.settings, t):  # the features before the projection too, for stage1's autoencoder
+            with torch.no_grad():
+                before = self.acting[:-1](obs)
+                features = self.acting[-1](before)
+            pack_sample(before, tensors, header)
+        else:
+            features = self.encode(obs)
+        self.codecs.pack("rollout", "features", features, ctx, tensors, header)
         return tensors, header
 
     def step(self, msg: Message, g: int = 0) -> None:

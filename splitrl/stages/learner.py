@@ -32,6 +32,7 @@ from ..models import ActorCriticHeads, agent
 from ..ppo import RolloutBuffer, anneal, explained_variance, minibatch_schedule, ppo_loss
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
+from .autoencoder import Autoencoder, sampled, unpack_sample
 from .budget import TRAINING, LinkBudget, switch
 from .protocol import ENCODER_PREFIX, Payload, tensor
 from .weights import WeightSync
@@ -69,7 +70,10 @@ class Learner:
         self.settings, self.spec = settings, spec
         ppo = settings.ppo
         stage0_net, self.heads = agent(settings, spec)
-        self.params = list(self.heads.parameters())
+        self.params = [p for p in self.heads.parameters() if p.requires_grad]  # not an autoencoder's decoder
+        self.autoencoder = (Autoencoder(stage0_net[-1], self.heads.trunk[-1], settings.seed)
+                            if settings.bottleneck_train == "autoencoder" else None)
+        """``--bottleneck-train autoencoder``: the fit of stage0's projection (a copy here) and the heads' trunk."""
         self.optimizer = torch.optim.Adam(self.params, lr=ppo.lr_heads, eps=1e-5)
         self.generator = torch.Generator().manual_seed(settings.seed)
         self.acting: ActorCriticHeads = copy.deepcopy(self.heads).requires_grad_(False) if acting_copy else self.heads
@@ -87,7 +91,8 @@ class Learner:
         """The layers before the cut as built from the seed, named as a fleet's edges send their gradients
         (`sum_gradients`) or weights (`average_encoders`)."""
         self.encoder_average: WeightSync | None = None
-        self.feature_dim = self.heads.critic[0].in_features
+        self.feature_dim = self.heads.input_dim
+        """The width of the features at the cut."""
         # Stored rollout inputs: pixels when stage1 trains alone; with an acting copy, the features,
         # so that samples an older policy acted on can be scored by the one that trains.
         keep = (t, n) + spec.obs_shape if self.trains_alone else (t, n, self.feature_dim) if acting_copy else None
@@ -200,6 +205,8 @@ class Learner:
                     outcomes.append((t - 1, g, self._outcome(t - 1, msg, g)))
                 ctx = Context(idx=t * n + rows, envs=rows, global_step=self.global_step(t, g))
                 inputs.append(self._input(msg, ctx))
+                if self.autoencoder is not None and sampled(self.settings, t):
+                    self.autoencoder.add(unpack_sample(msg, len(rows), self.heads.trunk[-1].out_features))
             self._record_outcomes(outcomes)
             x = inputs[0] if len(inputs) == 1 else torch.cat(inputs)
             if order_free:  # one thread, rows padded: any batch gives a row one result
@@ -472,7 +479,8 @@ class Learner:
         of the rollout just trained on."""
         return {"iteration": self.train_iteration, "heads": self.heads.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "codecs": self.codecs.state_dict("fwd", "bwd"),
-                "rollout": rollout}
+                "rollout": rollout,
+                **({"autoencoder": self.autoencoder.state_dict()} if self.autoencoder is not None else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go on from a checkpoint (`state_dict`)."""
@@ -482,6 +490,8 @@ class Learner:
         self.train_iteration, self.iteration = state["iteration"], rollout["iteration"]
         self.generator.set_state(rollout["generator"])
         self.codecs.load_state_dict({**state["codecs"], **rollout["codecs"]})
+        if self.autoencoder is not None:
+            self.autoencoder.load_state_dict(state["autoencoder"])
         if self.acting is not self.heads:
             self.acting_version = self.train_iteration
             self.acting = copy.deepcopy(self.heads).requires_grad_(False)

@@ -48,6 +48,7 @@ as ``heads`` messages after the ``train_bwd`` of that minibatch.
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
@@ -58,6 +59,7 @@ from ..models import ActorCriticHeads, agent
 from ..settings import Exchange
 from ..transport import Message, ProtocolError
 from ..transport.errors import peer_repr
+from .autoencoder import PROJECTION
 from .exchange import EdgeExchange, LearnerExchange, Sent
 from .protocol import Payload
 from .weights import WeightSync
@@ -66,7 +68,7 @@ if TYPE_CHECKING:
     from .edge import Edge
     from .learner import Learner
 
-__all__ = ["ReplicaEdge", "ReplicaLearner", "FIRST_LAYERS", "due", "replicated"]
+__all__ = ["ReplicaEdge", "ReplicaLearner", "FIRST_LAYERS", "due", "folded", "replica_weights", "replicated"]
 
 FIRST_LAYERS = ("critic.0.weight", "actor_mean.0.weight")
 """The heads' two feature-wide weights (`splitrl.models.ActorCriticHeads`): 99.9 % of the
@@ -78,6 +80,41 @@ def replicated(heads: ActorCriticHeads) -> list[tuple[str, nn.Parameter]]:
     return [(name, p) for name, p in heads.named_parameters() if name != "actor_logstd"]
 
 
+def replica_weights(heads: ActorCriticHeads, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+    """What stage0's replica of ``heads`` holds (`replicated`), or of ``names`` of it: with an autoencoder's
+    decoder as the heads' trunk (``--bottleneck-train autoencoder``), the decoder folded into the first layers
+    (W (D x + d) + b = (W D) x + (W d + b)), so the replica takes the code itself and stays K wide. A first
+    layer's folded weight (a 512 x 4096 by 4096 x K product) is computed only when ``names`` asks for it."""
+    weights = {name: p.detach() for name, p in replicated(heads)}
+    decoder_weight, decoder_bias = weights.pop("trunk.0.weight", None), weights.pop("trunk.0.bias", None)
+    if decoder_weight is None:
+        return weights
+    wanted = None if names is None else set(names)
+    for layer in ("critic.0", "actor_mean.0"):
+        weight = weights.pop(layer + ".weight")
+        weights[layer + ".bias"] = weight @ decoder_bias + weights[layer + ".bias"]
+        if wanted is None or layer + ".weight" in wanted:
+            weights[layer + ".weight"] = weight @ decoder_weight
+    return weights
+
+
+def folded(heads: ActorCriticHeads) -> ActorCriticHeads:
+    """A copy of ``heads`` as stage0's replica holds them: with the decoder folded in (`replica_weights`)."""
+    if len(heads.trunk) == 0:
+        return copy.deepcopy(heads)
+    critic, actor = heads.critic, heads.actor_mean
+    with torch.random.fork_rng(devices=[]):  # the new layers' own initial weights are overwritten below
+        out = ActorCriticHeads(nn.Sequential(), heads.input_dim, actor[2].out_features, hidden=critic[0].out_features,
+                               discrete=heads.discrete)
+    with torch.no_grad():
+        weights = replica_weights(heads)
+        for name, p in replicated(out):
+            p.copy_(weights[name])
+        if not heads.discrete:
+            out.actor_logstd.copy_(heads.actor_logstd)
+    return out
+
+
 def due(exchange: Exchange, epoch: int, mb: int, epochs: int, minibatches: int, names: Iterable[str]) -> list[str]:
     """The weights whose change follows the ``train_bwd`` of minibatch (epoch, mb); [] if none.
 
@@ -87,6 +124,7 @@ def due(exchange: Exchange, epoch: int, mb: int, epochs: int, minibatches: int, 
     done = epoch * minibatches + mb + 1
     if done >= epochs * minibatches:
         return []
+    names = [name for name in names if name != PROJECTION]  # an autoencoder's projection: after the rollout only
     if exchange.all_every and done % exchange.all_every == 0:
         return list(names)
     if exchange.last_every and done % exchange.last_every == 0:
@@ -115,10 +153,13 @@ class ReplicaEdge(EdgeExchange):
         super().__init__(edge)
         s, spec = edge.settings, edge.spec
         _, heads = agent(s, spec)
-        self.replica = heads.requires_grad_(False)  # never trained here: stage1's heads, as last sent
-        self.sync = WeightSync(replicated(self.replica), self.exchange.sync)
+        self.replica = folded(heads).requires_grad_(False)  # never trained here: stage1's heads, as last sent
+        weights = replicated(self.replica)
+        if s.bottleneck_train == "autoencoder":  # stage1 fits the projection: it comes with the update too
+            weights.append((PROJECTION, edge.net[-1].weight))
+        self.sync = WeightSync(weights, self.exchange.sync)
         self.view = self.codecs.rollout_view()
-        self.feature_dim = heads.critic[0].in_features
+        self.feature_dim = self.replica.input_dim
         self.view_outputs: torch.Tensor | None = None
 
     @property
@@ -172,6 +213,8 @@ class ReplicaEdge(EdgeExchange):
         with torch.no_grad():
             for name, p in replicated(self.replica):
                 p.copy_(view[name])
+            if PROJECTION in view:
+                self.edge.net[-1].weight.copy_(view[PROJECTION])
             if names is None:
                 samples = self.edge.flat_obs.shape[0]
                 self.view_outputs = torch.cat([_outputs(self.replica, self._view_rows(idx))
@@ -185,8 +228,16 @@ class ReplicaLearner(LearnerExchange):
 
     def __init__(self, learner: "Learner") -> None:
         super().__init__(learner)
-        self.sync = WeightSync(replicated(learner.heads), self.exchange.sync)
+        self.sync = WeightSync(self._weights().items(), self.exchange.sync)
         self.view = self.codecs.rollout_view()
+
+    def _weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+        """The replica's weights as the heads have them now (``names`` of them at least), and an autoencoder's
+        projection."""
+        weights = replica_weights(self.learner.heads, names)
+        if self.learner.autoencoder is not None:
+            weights[PROJECTION] = self.learner.autoencoder.projection.weight.detach()
+        return weights
 
     @property
     def exchange(self) -> Exchange:
@@ -211,12 +262,16 @@ class ReplicaLearner(LearnerExchange):
         self.sync.view = {name: t.clone() for name, t in state["view"].items()}
 
     def update(self, epoch: int | None = None, mb: int | None = None) -> Payload | None:
-        heads, iteration = self.learner.heads, self.learner.train_iteration
+        iteration = self.learner.train_iteration
         if epoch is None:  # after the rollout: everything, before stage0 trains
-            return self.sync.encode(replicated(heads)), {"iteration": iteration}
+            autoencoder = self.learner.autoencoder
+            if autoencoder is not None:  # fitted to this rollout's samples first
+                for key, value in autoencoder.fit().items():
+                    self.learner.stats[key].append(value)
+            return self.sync.encode(self._weights().items()), {"iteration": iteration}
         ppo = self.learner.settings.ppo
         names = due(self.exchange, epoch, mb, ppo.epochs, ppo.minibatches, self.sync.view)
         if not names:
             return None
         # The replica's weights, brought closer to the heads' mid-iteration.
-        return self.sync.encode(replicated(heads), names), {"iteration": iteration, "epoch": epoch, "mb": mb}
+        return self.sync.encode(self._weights(names).items(), names), {"iteration": iteration, "epoch": epoch, "mb": mb}

@@ -43,11 +43,12 @@ class WeightSync:
                names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
         """Parts that bring the receiver's view of ``names`` (default: all) to ``current``
         (up to quantisation); updates ours."""
-        current = dict(current)
-        if set(current) != set(self.view):
-            raise ValueError(f"{self.what}: expected tensors {sorted(self.view)}, got {sorted(current)}")
+        current, selected = dict(current), self._selected(names)
+        if not set(selected) <= set(current) <= set(self.view):
+            raise ValueError(f"{self.what}: expected tensors {sorted(selected)} (of {sorted(self.view)}), "
+                             f"got {sorted(current)}")
         parts: dict[str, torch.Tensor] = {}
-        for name, base in self._selected(names).items():
+        for name, base in selected.items():
             enc = self.codec.encode(current[name].detach().float() - base, Context())
             parts.update({f"{name}.{key}" if key else name: t for key, t in enc.tensors.items()})
             base += enc.recon

@@ -82,15 +82,19 @@ REPLICA_SYNC = ["--codec-rollout", "int8", "--exchange", "replica:last_every=1,a
 # A learned projection to 32 values at the end of stage0 (a different network: split against twin only).
 BOTTLENECK = ["--bottleneck", "32", "--codec-rollout", "int8", "--codec-bwd", "ef:density=0.5,values=int8"]
 BOTTLENECK_REPLICA = ["--bottleneck", "32", "--codec-rollout", "int8", "--exchange", "replica:last_every=1,all_every=3"]
+# The projection fitted on stage1 as an autoencoder's encoder half, sent with the replica's updates.
+AUTOENCODER = BOTTLENECK_REPLICA + ["--bottleneck-train", "autoencoder", "--autoencoder-every", "4"]
 
 
 @pytest.mark.parametrize(
     "cut, transport, codecs",
     [("cnn", "zmq", []), ("input", "zmq", []), ("cnn", "tcp", []), ("cnn", "torch-rpc", []), ("cnn", "zmq", LOSSLESS),
      ("input", "tcp", ["--codec-rollout", "frames"]), ("cnn", "zmq", REPLICA),
-     ("cnn", "zmq", REPLICA_SYNC), ("cnn", "zmq", BOTTLENECK), ("cnn", "zmq", BOTTLENECK_REPLICA)],
+     ("cnn", "zmq", REPLICA_SYNC), ("cnn", "zmq", BOTTLENECK), ("cnn", "zmq", BOTTLENECK_REPLICA),
+     ("cnn", "zmq", AUTOENCODER)],
     ids=["cnn-zmq", "input-zmq", "cnn-tcp", "cnn-torch-rpc", "cnn-zmq-lossless-codecs", "input-tcp-frames",
-         "cnn-zmq-replica", "cnn-zmq-replica-sync", "cnn-zmq-bottleneck", "cnn-zmq-bottleneck-replica"],
+         "cnn-zmq-replica", "cnn-zmq-replica-sync", "cnn-zmq-bottleneck", "cnn-zmq-bottleneck-replica",
+         "cnn-zmq-autoencoder"],
 )
 def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, cut, transport, codecs):
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
@@ -111,7 +115,7 @@ def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, cut, transport
         assert split_state.keys() == twin_state.keys()
         for name in split_state:
             assert torch.equal(split_state[name], twin_state[name]), f"{stage}.{name}"
-    if codecs and codecs not in (REPLICA, REPLICA_SYNC, BOTTLENECK, BOTTLENECK_REPLICA):  # lossless codecs must match the plain run
+    if codecs and codecs not in (REPLICA, REPLICA_SYNC, BOTTLENECK, BOTTLENECK_REPLICA, AUTOENCODER):  # lossless codecs must match the plain run
         baseline = subprocess.run(splitrl_cmd("train", "--run-dir", str(tmp_path / "plain"), *args[: -len(codecs)]),
                                   env=child_env(), capture_output=True, text=True, timeout=240)
         assert baseline.returncode == 0, baseline.stderr
