@@ -17,9 +17,12 @@ RUN_ARGS ?= --total-steps 8192
 run: $(STAMP)
 	$(BIN)/splitrl run $(RUN_ARGS) $(ARGS)
 
-## test: the test suite (what CI runs)
+## test: the test suite (what CI runs), on two workers (pytest-xdist): most tests wait on the stages they
+## spawn. Tests that must not overlap share an xdist_group (network namespaces, module-scoped fixtures).
+## TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
 
 ## bench: the transport micro-benchmark
 bench: $(STAMP)

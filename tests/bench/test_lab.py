@@ -27,6 +27,9 @@ from splitrl.netem.tc import Shaping
 from ..conftest import TINY, child_env
 from ..netem.support import ip_netns_list, needs_netns, remove_namespaces
 
+# One worker (make test: -n 2) runs every test that makes network namespaces: each checks that none is left.
+pytestmark = pytest.mark.xdist_group("netns")
+
 # -- no root needed ------------------------------------------------------------------------------
 
 

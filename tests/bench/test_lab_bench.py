@@ -10,6 +10,9 @@ from splitrl.cli.bench import bench
 
 from ..netem.support import ip_netns_list, netns_usable
 
+# One worker (make test: -n 2) runs every test that makes network namespaces: each checks that none is left.
+pytestmark = pytest.mark.xdist_group("netns")
+
 
 def test_table_has_one_row_per_rate_and_config_with_speedups():
     def row(rate, bits, config, spi, nbytes):

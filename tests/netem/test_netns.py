@@ -35,6 +35,9 @@ from splitrl.netem.tc import (
 
 from .support import ip_netns_list, needs_netns
 
+# One worker (make test: -n 2) runs every test that makes network namespaces: each checks that none is left.
+pytestmark = pytest.mark.xdist_group("netns")
+
 # -- no root needed ------------------------------------------------------------------------------
 
 

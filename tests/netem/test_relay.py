@@ -13,6 +13,9 @@ from splitrl.netem.netns import wait_for_line
 
 from ..conftest import child_env
 
+# One worker (make test: -n 2) runs every test that makes network namespaces: each checks that none is left.
+pytestmark = pytest.mark.xdist_group("netns")
+
 
 def _echo_server(port: int, stop: threading.Event) -> threading.Thread:
     listener = socket.create_server(("127.0.0.1", port))

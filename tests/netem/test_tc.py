@@ -35,6 +35,9 @@ from splitrl.netem.tc import (
     tbf_sizes,
 )
 
+# One worker (make test: -n 2) runs every test that makes network namespaces: each checks that none is left.
+pytestmark = pytest.mark.xdist_group("netns")
+
 NETEM_UNKNOWN = "Error: Specified qdisc kind is unknown."  # what this project's kernel says
 
 
