@@ -18,11 +18,11 @@ run: $(STAMP)
 	$(BIN)/splitrl run $(RUN_ARGS) $(ARGS)
 
 ## test: the test suite (what CI runs), on two workers (pytest-xdist): most tests wait on the stages they
-## spawn. Tests that must not overlap share an xdist_group (network namespaces, module-scoped fixtures).
-## TEST_WORKERS=0 runs it in one process.
+## spawn. A module runs on one worker (its module-scoped fixtures once); modules that make network
+## namespaces take turns (tests/netem/support.py). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 ## bench: the transport micro-benchmark
 bench: $(STAMP)

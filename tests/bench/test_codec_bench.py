@@ -4,9 +4,6 @@ import pytest
 
 from splitrl.bench.codec_bench import capture, format_codec_table, pipeline_table, run_codec_bench
 
-# One worker runs this module: its module-scoped fixture is computed once (make test: -n 2).
-pytestmark = pytest.mark.xdist_group("codec-bench")
-
 
 @pytest.fixture(scope="module")
 def cap():

@@ -27,8 +27,8 @@ from splitrl.netem.tc import Shaping
 from ..conftest import TINY, child_env
 from ..netem.support import ip_netns_list, needs_netns, remove_namespaces
 
-# One worker (make test: -n 2) runs every test that makes network namespaces: each checks that none is left.
-pytestmark = pytest.mark.xdist_group("netns")
+# Namespaces are the machine's: no other test worker makes any while this module runs (make test: -n 2).
+pytestmark = pytest.mark.usefixtures("netns_module")
 
 # -- no root needed ------------------------------------------------------------------------------
 
@@ -91,7 +91,7 @@ def _host_network() -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def lab_run(tmp_path_factory, netns_ok):
+def lab_run(tmp_path_factory, netns_module, netns_ok):
     """One lab at 20 Mbit/s: throughput with 4 MiB, then the tiny training. Runs once per module."""
     run_dir = str(tmp_path_factory.mktemp("lab") / "run")
     names = LabNames.random()

@@ -10,8 +10,8 @@ from splitrl.cli.bench import bench
 
 from ..netem.support import ip_netns_list, netns_usable
 
-# One worker (make test: -n 2) runs every test that makes network namespaces: each checks that none is left.
-pytestmark = pytest.mark.xdist_group("netns")
+# Namespaces are the machine's: no other test worker makes any while this module runs (make test: -n 2).
+pytestmark = pytest.mark.usefixtures("netns_module")
 
 
 def test_table_has_one_row_per_rate_and_config_with_speedups():

@@ -9,8 +9,8 @@ import pytest
 from splitrl.bench.swap_bench import LINKS, format_swap_table, run_swap_bench, swap_chart, swap_targets
 from splitrl.netem.netns import netns_available
 
-# One worker (make test: -n 2) runs every test that makes network namespaces: each checks that none is left.
-pytestmark = pytest.mark.xdist_group("netns")
+# Namespaces are the machine's: no other test worker makes any while this module runs (make test: -n 2).
+pytestmark = pytest.mark.usefixtures("netns_module")
 
 
 def test_quick_swap_runs_the_same_training_over_every_link(tmp_path) -> None:

@@ -10,9 +10,6 @@ import pytest
 
 from ..conftest import TINY
 
-# One worker runs this module: its module-scoped fixture is computed once (make test: -n 2).
-pytestmark = pytest.mark.xdist_group("codec-runs")
-
 RUNS = {
     "fp32": [],
     "mixed": ["--codec-rollout", "bf16", "--codec-fwd", "int8", "--codec-bwd", "paper:warm=64"],

@@ -10,9 +10,6 @@ import pytest
 from splitrl.bench.fuzz import Mutator, capture_session, fuzz_decoder, fuzz_stage1
 from splitrl.stages import STAGE0, STAGE1
 
-# One worker runs this module: its module-scoped fixture is computed once (make test: -n 2).
-pytestmark = pytest.mark.xdist_group("fuzz")
-
 
 @pytest.fixture(scope="module")
 def captured():

@@ -5,9 +5,9 @@ import pytest
 
 from splitrl.cli.netem import netem
 
-from .support import netns_ok, no_leftovers
+from .support import netns_module, netns_ok, no_leftovers
 
-__all__ = ["cli", "netns_ok", "no_leftovers"]
+__all__ = ["cli", "netns_module", "netns_ok", "no_leftovers"]
 
 
 @pytest.fixture

@@ -3,15 +3,43 @@
 Fixtures defined here are made visible by importing them in a conftest.py.
 """
 
+import contextlib
+import fcntl
 import os
 import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
-__all__ = ["ip_netns_list", "netns_usable", "remove_namespaces", "netns_ok", "needs_netns", "no_leftovers"]
+__all__ = ["ip_netns_list", "netns_usable", "remove_namespaces", "netns_exclusive", "netns_ok", "netns_module",
+           "needs_netns", "no_leftovers"]
+
+_LOCK = os.path.join(tempfile.gettempdir(), "splitrl-tests-netns.lock")
+_held: list = []  # the open lock file while this process holds it, once per nesting level
+
+
+@contextlib.contextmanager
+def netns_exclusive():
+    """Hold the machine-wide lock on making network namespaces (reentrant within a process).
+
+    Namespaces belong to the machine, not to a test: `make test` runs two workers, and a test that checks
+    that no ``splitrl-`` namespace is left must not see the other worker's. Every test module that makes
+    namespaces holds this while it runs (`netns_module`), and so does the probe (`netns_ok`)."""
+    if not _held:
+        handle = open(_LOCK, "w")
+        fcntl.flock(handle, fcntl.LOCK_EX)  # closing the file releases it
+        _held.append(handle)
+    else:
+        _held.append(_held[-1])
+    try:
+        yield
+    finally:
+        handle = _held.pop()
+        if not _held:
+            handle.close()
 
 
 def ip_netns_list() -> list[str]:
@@ -43,12 +71,20 @@ def remove_namespaces(namespaces) -> None:
 @pytest.fixture(scope="session")
 def netns_ok():
     """Skip unless this process can create network namespaces (probed once, in a throwaway one)."""
-    why_not = netns_usable() if sys.platform.startswith("linux") else "Linux only"
+    with netns_exclusive():
+        why_not = netns_usable() if sys.platform.startswith("linux") else "Linux only"
     if why_not is not None:
         pytest.skip(f"lab tests: {why_not}")
 
 
 needs_netns = pytest.mark.usefixtures("netns_ok")
+
+
+@pytest.fixture(scope="module")
+def netns_module():
+    """`netns_exclusive` for a whole module (its module-scoped labs too: make them depend on this)."""
+    with netns_exclusive():
+        yield
 
 
 @pytest.fixture

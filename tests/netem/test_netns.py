@@ -35,8 +35,8 @@ from splitrl.netem.tc import (
 
 from .support import ip_netns_list, needs_netns
 
-# One worker (make test: -n 2) runs every test that makes network namespaces: each checks that none is left.
-pytestmark = pytest.mark.xdist_group("netns")
+# Namespaces are the machine's: no other test worker makes any while this module runs (make test: -n 2).
+pytestmark = pytest.mark.usefixtures("netns_module")
 
 # -- no root needed ------------------------------------------------------------------------------
 

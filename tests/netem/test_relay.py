@@ -13,8 +13,8 @@ from splitrl.netem.netns import wait_for_line
 
 from ..conftest import child_env
 
-# One worker (make test: -n 2) runs every test that makes network namespaces: each checks that none is left.
-pytestmark = pytest.mark.xdist_group("netns")
+# Namespaces are the machine's: no other test worker makes any while this module runs (make test: -n 2).
+pytestmark = pytest.mark.usefixtures("netns_module")
 
 
 def _echo_server(port: int, stop: threading.Event) -> threading.Thread:

@@ -16,9 +16,6 @@ from splitrl.runs import CheckpointError, RunLog, checkpoint_iterations, load_ch
 
 from ..conftest import TINY, child_env, splitrl_cmd
 
-# One worker runs this module: its module-scoped fixture is computed once (make test: -n 2).
-pytestmark = pytest.mark.xdist_group("resume")
-
 SIX = [a if a != "64" else "192" for a in TINY]  # six iterations of 32 steps, a checkpoint after each
 assert SIX[SIX.index("--total-steps") + 1] == "192"
 VOLATILE = ("time/", "cpu/", "net", "charts/SPS")

@@ -19,9 +19,6 @@ from splitrl.transport.wire import Message
 from ..conftest import TINY, child_env, splitrl_cmd
 from ..dots import DOTS_ENV_ID
 
-# One worker runs this module: its module-scoped fixture is computed once (make test: -n 2).
-pytestmark = pytest.mark.xdist_group("discrete")
-
 SETTINGS = TrainSettings(env=EnvSettings(env_id=DOTS_ENV_ID, num_envs=2, max_episode_steps=20),
                          ppo=PPOSettings(num_steps=4, epochs=1, minibatches=2))
 

@@ -14,9 +14,6 @@ from splitrl.stages.evaluate import EVAL_SEED_OFFSET
 
 from ..conftest import TINY, child_env, splitrl_cmd
 
-# One worker runs this module: its module-scoped fixture is computed once (make test: -n 2).
-pytestmark = pytest.mark.xdist_group("evaluate")
-
 VOLATILE = ("time/", "cpu/", "charts/SPS", "eval/")
 
 
