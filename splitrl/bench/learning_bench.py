@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..launch import progress
-from ..runs import summarise_run
+from ..runs import link_bytes, read_metrics, summarise_run
 
 __all__ = ["CONFIGS", "run_learning_comparison", "learning_table"]
 
@@ -94,6 +94,24 @@ def run_learning_comparison(names: Sequence[str], total_steps: int, out_dir: Pat
             raise RuntimeError(f"{name}: `{' '.join(command)}` exited {result.returncode}")
         dirs.append(run_dir)
     return dirs
+
+
+KINDS = ("step", "action", "rollout_end", "heads", "train_fwd", "train_bwd")
+"""The message kinds `kind_table` gives a column each (both directions); the rest are summed as 'other'."""
+
+
+def kind_table(run_dirs: Sequence[Path], upto: int | None = None) -> str:
+    """Markdown table of each run's training bytes per env step by message kind (stage0's meters, both ways)."""
+    lines = ["| run | " + " | ".join(f"`{k}`" for k in KINDS) + " | other | total |",
+             "|---|" + "---:|" * (len(KINDS) + 2)]
+    for run_dir in run_dirs:
+        records = [r for r in read_metrics(run_dir) if upto is None or r["iteration"] <= upto]
+        last = records[-1]
+        steps, total = last["global_step"], link_bytes(last)
+        kinds = [sum(last.get(f"net_total/{kind}/{way}_bytes", 0) for way in ("sent", "recv")) for kind in KINDS]
+        cells = [f"{b / steps:,.1f}" for b in (*kinds, total - sum(kinds), total)]
+        lines.append(f"| {Path(run_dir).name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def learning_table(run_dirs: Sequence[Path], reference: str = "bf16", upto: int | None = None) -> str:

@@ -89,22 +89,24 @@ def bench_codecs(num_steps: int, epochs: int, minibatches: int, from_run: str | 
 @click.option("--config", "names", multiple=True, metavar="NAME",
               help="configurations to run (repeatable; default: all). Known: fp32, bf16, paper-p90, paper-p99, "
                    "ours, ours-zero-fwd, ours-ef6, ours-exact-fwd, ours-replica, ours-replica-sync, cloud-frames, "
-                   "pipelined, async, bf16-pipelined, bf16-async")
+                   "ours-bottleneck, ours-autoencoder, ours-bottleneck-128, pipelined, async, bf16-pipelined, "
+                   "bf16-async")
 @click.option("--iterations", default=25, show_default=True, help="PPO iterations of 4096 steps per run")
 @click.option("--out", "out_dir", default="runs/learning-comparison", show_default=True,
               type=click.Path(file_okay=False), help="one run directory per configuration goes here")
 @click.option("--table-only", is_flag=True, help="only print the table of the run directories already in --out")
 @click.option("--upto", type=int, help="with --table-only: every run as of the end of this iteration")
 @click.option("--reference", default="bf16", show_default=True, help="the run the 'x fewer' column compares with")
+@click.option("--by-kind", is_flag=True, help="also a table of each run's bytes per env step by message kind")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def bench_learning(names: tuple[str, ...], iterations: int, out_dir: str, table_only: bool, upto: int | None,
-                   reference: str, extra: tuple[str, ...]) -> None:
+                   reference: str, by_kind: bool, extra: tuple[str, ...]) -> None:
     """Train each codec configuration with the same seed and steps; one table row each.
 
     Runs one after another (hours for the default 25 iterations each). Arguments after
     `--` go to every `splitrl run`, e.g. `-- --threads 2`.
     """
-    from ..bench.learning_bench import CONFIGS, learning_table, run_learning_comparison
+    from ..bench.learning_bench import CONFIGS, kind_table, learning_table, run_learning_comparison
 
     def go() -> None:
         unknown = [n for n in names if n not in CONFIGS]
@@ -119,6 +121,8 @@ def bench_learning(names: tuple[str, ...], iterations: int, out_dir: str, table_
         if not dirs:
             raise ValueError(f"no finished runs under {out}")
         click.echo(learning_table(dirs, reference=reference, upto=upto))
+        if by_kind:
+            click.echo("\n" + kind_table(dirs, upto=upto))
 
     run_cli(go)
 

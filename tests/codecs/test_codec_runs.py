@@ -85,6 +85,22 @@ def test_learning_table_has_a_row_per_run_with_its_codecs_and_ratio(runs, tmp_pa
     assert float(row.split("|")[7]) == pytest.approx(plain["bytes_per_step"] / first["bytes_per_step"], rel=0.01)
 
 
+def test_the_kind_table_splits_each_runs_bytes_per_env_step_by_message_kind(runs):
+    from splitrl.bench.learning_bench import KINDS, kind_table, summarise_run
+
+    base = runs["_base"]
+    rows = kind_table([base / "fp32", base / "replica"]).splitlines()
+    assert len(rows) == 4 and rows[2].startswith("| fp32 |")
+    for row, name in zip(rows[2:], ("fp32", "replica")):
+        cells = [float(c.replace(",", "")) for c in row.strip("|").split("|")[1:]]
+        assert sum(cells[:-1]) == pytest.approx(cells[-1], abs=0.2)  # the kinds and 'other' add up to the total
+        assert cells[-1] == pytest.approx(summarise_run(base / name)["bytes_per_step"], abs=0.1)
+    fp32, replica = ([float(c.replace(",", "")) for c in row.strip("|").split("|")[1:]] for row in rows[2:])
+    heads = KINDS.index("heads")
+    assert fp32[heads] == 0 and replica[heads] > 0  # only the replica sends its heads
+    assert replica[KINDS.index("train_fwd")] < fp32[KINDS.index("train_fwd")] / 100  # outputs, not features
+
+
 def test_casts_and_int8_cut_bytes_by_their_width(runs):
     assert 0.45 < _ratio(runs, "mixed", STEP) < 0.55  # bf16 rollout features
     assert 0.45 < _ratio(runs, "lean", STEP) < 0.55  # fp16 rollout features
