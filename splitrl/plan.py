@@ -187,6 +187,13 @@ class Timings:
         return sorted(times)[len(times) // 2]
 
 
+def _network(settings: "TrainSettings") -> tuple[Any, ...]:
+    """What sets the network's compute and (the first three) its bytes besides the codecs."""
+    autoencoder = settings.bottleneck_train == "autoencoder"
+    return (settings.bottleneck, settings.bottleneck_train, settings.autoencoder_every if autoencoder else None,
+            settings.cut, settings.env.env_id)
+
+
 def _per_kind(records: Sequence[dict[str, Any]], kind: str, direction: str) -> float:
     return sum(r.get(f"net/{kind}/{direction}_bytes", 0) for r in records) / len(records)
 
@@ -211,8 +218,9 @@ def calibrate(run_dir: str | Path, target: "TrainSettings", *, threads: int, byt
     if cal.schedule.mode != "sync":
         raise SettingsError(f"{run}: calibrate from a synchronous run (its phases are timed one at a time); "
                             f"this one is {cal.schedule.mode}")
-    if target.bottleneck != cal.bottleneck or target.cut != cal.cut or target.env.env_id != cal.env.env_id:
-        raise SettingsError(f"{run}: the calibration run must have the target's network (cut, --bottleneck, env)")
+    if _network(target) != _network(cal):
+        raise SettingsError(f"{run}: the calibration run must have the target's network (cut, --bottleneck, "
+                            f"--bottleneck-train, env)")
     timings = timings or Timings(target, measured.spec)
     cal_g, _, cal_mb = _batches(cal)
     tgt_g, _, tgt_mb = _batches(target)
@@ -231,7 +239,7 @@ def calibrate(run_dir: str | Path, target: "TrainSettings", *, threads: int, byt
     if target.codecs.link_budget:
         raise SettingsError("--link-budget: its codecs change every iteration; plan the settings it chooses "
                             "(metrics.jsonl budget/spec/*) instead")
-    if source_settings.codecs != target.codecs or source_settings.bottleneck != target.bottleneck:
+    if source_settings.codecs != target.codecs or _network(source_settings)[:3] != _network(target)[:3]:
         raise SettingsError(f"{bytes_from or run}: its codecs or --bottleneck differ from the target's; pass "
                             f"--bytes-from RUN_DIR of a measured run with the target's codecs")
     s_steps = source_settings.ppo.num_steps * source_settings.env.num_envs

@@ -508,7 +508,9 @@ class TrainSettings:
         if self.bottleneck_train not in BOTTLENECK_TRAINING:
             return [f"--bottleneck-train must be one of {', '.join(BOTTLENECK_TRAINING)}, got {self.bottleneck_train!r}"]
         if self.bottleneck_train != "autoencoder":
-            return []
+            every = TrainSettings.__dataclass_fields__["autoencoder_every"].default
+            return [] if self.autoencoder_every == every else [
+                "--autoencoder-every applies to --bottleneck-train autoencoder only"]
         out = []
         if self.autoencoder_every < 1:
             out.append(f"--autoencoder-every must be >= 1, got {self.autoencoder_every}")
@@ -521,6 +523,9 @@ class TrainSettings:
         if self.schedule.edges > 1:
             out.append("--bottleneck-train autoencoder runs one edge (a fleet would average a projection that "
                        "stage1 fits)")
+        if self.codecs.link_budget:
+            out.append("--bottleneck-train autoencoder cannot run with --link-budget yet (the budget does not count "
+                       "the samples and the projection's updates)")
         return out
 
     def validate(self, options: "RunOptions | None" = None) -> "TrainSettings":

@@ -106,6 +106,8 @@ def kind_table(run_dirs: Sequence[Path], upto: int | None = None) -> str:
              "|---|" + "---:|" * (len(KINDS) + 2)]
     for run_dir in run_dirs:
         records = [r for r in read_metrics(run_dir) if upto is None or r["iteration"] <= upto]
+        if not records:
+            raise ValueError(f"{run_dir}: no iterations{'' if upto is None else f' up to {upto}'} in metrics.jsonl")
         last = records[-1]
         steps, total = last["global_step"], link_bytes(last)
         kinds = [sum(last.get(f"net_total/{kind}/{way}_bytes", 0) for way in ("sent", "recv")) for kind in KINDS]

@@ -337,7 +337,7 @@ class Edge:
         tensors = {f"net.{name}": t.detach().clone() for name, t in self.net.state_dict().items()}
         step = 0
         if self.optimizer is not None:
-            for p, (name, _) in zip(self.params, self.net.named_parameters()):
+            for name, p in ((n, p) for n, p in self.net.named_parameters() if p.requires_grad):
                 moments = self.optimizer.state.get(p)
                 if moments:
                     step = int(moments["step"])

@@ -87,7 +87,7 @@ class Learner:
         self.train_buffer = self.buffers[0]
         """The rollout being trained on."""
         self.trains_alone = not any(True for _ in stage0_net.parameters())
-        self.encoder_start = {ENCODER_PREFIX + name: p.detach() for name, p in stage0_net.named_parameters()}
+        self.encoder_start = {ENCODER_PREFIX + name: p.detach().clone() for name, p in stage0_net.named_parameters()}
         """The layers before the cut as built from the seed, named as a fleet's edges send their gradients
         (`sum_gradients`) or weights (`average_encoders`)."""
         self.encoder_average: WeightSync | None = None

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -18,7 +19,9 @@ __all__ = ["ip_netns_list", "netns_usable", "remove_namespaces", "netns_exclusiv
            "needs_netns", "no_leftovers"]
 
 _LOCK = os.path.join(tempfile.gettempdir(), "splitrl-tests-netns.lock")
-_held: list = []  # the open lock file while this process holds it, once per nesting level
+LOCK_WAIT = 900
+"""Seconds to wait for the other worker's namespace tests (the longest module takes about two minutes)."""
+_held: list[int] = []  # the lock file's descriptor while this process holds it, once per nesting level
 
 
 @contextlib.contextmanager
@@ -29,17 +32,31 @@ def netns_exclusive():
     that no ``splitrl-`` namespace is left must not see the other worker's. Every test module that makes
     namespaces holds this while it runs (`netns_module`), and so does the probe (`netns_ok`)."""
     if not _held:
-        handle = open(_LOCK, "w")
-        fcntl.flock(handle, fcntl.LOCK_EX)  # closing the file releases it
-        _held.append(handle)
+        # Read-only if another user made the file (sticky /tmp refuses O_TRUNC on it); flock works either way.
+        try:
+            fd = os.open(_LOCK, os.O_RDONLY | os.O_CREAT, 0o666)
+        except PermissionError:
+            fd = os.open(_LOCK, os.O_RDONLY)
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # closing the file releases it
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise TimeoutError(f"{_LOCK}: held by another test process for {LOCK_WAIT} s (a stray "
+                                       "process of an earlier run? `fuser` names it)") from None
+                time.sleep(0.1)
+        _held.append(fd)
     else:
         _held.append(_held[-1])
     try:
         yield
     finally:
-        handle = _held.pop()
+        fd = _held.pop()
         if not _held:
-            handle.close()
+            os.close(fd)
 
 
 def ip_netns_list() -> list[str]:

@@ -94,6 +94,8 @@ def test_samples_travel_int8_and_a_wrong_shape_is_refused():
     ({"schedule": ScheduleSettings(edges=2)}, "runs one edge"),
     ({"autoencoder_every": 0}, "--autoencoder-every must be >= 1"),
     ({"bottleneck_train": "pca"}, "--bottleneck-train must be one of"),
+    ({"codecs": CodecSettings(exchange="replica", link_budget="2mbit")}, "cannot run with --link-budget"),
+    ({"bottleneck_train": "ppo", "autoencoder_every": 8}, "applies to --bottleneck-train autoencoder only"),
 ])
 def test_settings_it_cannot_run_with_are_refused(change, message):
     good = TrainSettings(bottleneck=16, bottleneck_train="autoencoder", codecs=CodecSettings(exchange="replica"))
