@@ -93,7 +93,7 @@ def test_the_kind_table_splits_each_runs_bytes_per_env_step_by_message_kind(runs
     assert len(rows) == 4 and rows[2].startswith("| fp32 |")
     for row, name in zip(rows[2:], ("fp32", "replica")):
         cells = [float(c.replace(",", "")) for c in row.strip("|").split("|")[1:]]
-        assert cells[-2] < 1.0  # 'other' (hello, iter_end, ...): the kinds named hold nearly every byte
+        assert 0 < cells[-2] < 0.01 * cells[-1]  # 'other' (hello, iter_end, ...): the kinds named hold the rest
         assert cells[-1] == pytest.approx(summarise_run(base / name)["bytes_per_step"], abs=0.1)
     fp32, replica = ([float(c.replace(",", "")) for c in row.strip("|").split("|")[1:]] for row in rows[2:])
     heads = KINDS.index("heads")
