@@ -130,3 +130,8 @@ def test_a_resumed_run_fits_on_as_it_would_have(tmp_path):
     name = [n for n in net if n.endswith(".weight")][-1]
     assert not torch.equal(net[name], start[-1].weight)
     assert (net[name] - fitted).abs().max() < 0.05 * fitted.abs().max()
+    # And the checkpoints play: `splitrl eval` builds both stages' networks, decoder and all, from them.
+    scored = subprocess.run(splitrl_cmd("eval", str(tmp_path / "straight"), "--episodes", "1", "--threads", "1"),
+                            env=child_env(), capture_output=True, text=True, timeout=240)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert (tmp_path / "straight" / "eval.jsonl").read_text().count("\n") == 1
