@@ -48,7 +48,6 @@ as ``heads`` messages after the ``train_bwd`` of that minibatch.
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
@@ -99,9 +98,10 @@ def replica_weights(heads: ActorCriticHeads, names: Iterable[str] | None = None)
 
 
 def folded(heads: ActorCriticHeads) -> ActorCriticHeads:
-    """A copy of ``heads`` as stage0's replica holds them: with the decoder folded in (`replica_weights`)."""
+    """``heads`` as stage0's replica holds them: themselves without a decoder, else a K-wide copy with the decoder
+    folded in (`replica_weights`)."""
     if len(heads.trunk) == 0:
-        return copy.deepcopy(heads)
+        return heads
     critic, actor = heads.critic, heads.actor_mean
     with torch.random.fork_rng(devices=[]):  # the new layers' own initial weights are overwritten below
         out = ActorCriticHeads(nn.Sequential(), heads.input_dim, actor[2].out_features, hidden=critic[0].out_features,
