@@ -32,11 +32,25 @@ def bench() -> None:
 @click.option("--seconds", default=1.0, show_default=True, help="measuring time per cell")
 @click.option("--quick", is_flag=True, help="tiny durations (smoke test)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
-def bench_transport(seconds: float, quick: bool, json_path: str | None) -> None:
+@click.option("--sizes", default="16,4096,16384,1048576", show_default=True, help="message sizes in bytes, comma-separated")
+@click.option("--transports", default=",".join(("raw-zmq", "zmq", "tcp", "torch-rpc")), show_default=True,
+              help="comma-separated (raw-zmq is the baseline the ratios need)")
+@click.option("--endpoints", default="tcp,ipc,inproc", show_default=True, help="comma-separated")
+def bench_transport(seconds: float, quick: bool, json_path: str | None, sizes: str, transports: str,
+                    endpoints: str) -> None:
     """Throughput and round trip of each transport and endpoint vs raw pyzmq."""
     from ..bench.transport_bench import format_table, run_transport_bench
 
-    rows = run_transport_bench(seconds=seconds, quick=quick)
+    try:
+        size_list = [int(x) for x in sizes.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated byte counts, got {sizes!r}", param_hint="--sizes") from None
+    try:
+        rows = run_transport_bench(sizes=size_list, seconds=seconds, quick=quick,
+                                   transports=[t.strip() for t in transports.split(",") if t.strip()],
+                                   endpoints=[e.strip() for e in endpoints.split(",") if e.strip()])
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     click.echo(format_table(rows))
     _write_json(json_path, rows)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import msgpack
+import numpy
 import torch
 
 from .errors import ProtocolError, peer_repr, peer_text
@@ -157,23 +158,30 @@ def encode(
     Tensor frames are zero-copy views of contiguous tensors: the caller must not
     modify a tensor until the frames have been sent.
     """
-    if not isinstance(kind, str) or not _KIND_RE.match(kind):
-        raise ValueError(f"message kind must match {_KIND_RE.pattern!r}, got {kind!r}")
+    if type(kind) is not str or kind not in _CHECKED_KINDS:
+        if not isinstance(kind, str) or not _KIND_RE.match(kind):
+            raise ValueError(f"message kind must match {_KIND_RE.pattern!r}, got {kind!r}")
+        _checked(_CHECKED_KINDS, kind)
     if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= _MAX_SEQ:
         raise ValueError(f"sequence number must be an int in [0, 2**63), got {seq!r}")
     if sid is not None and not (_is_int(sid) and 0 < sid <= MAX_SESSION_ID):
         raise ValueError(f"session id must be an int in [1, 2**32), got {sid!r}")
-    header = dict(header or {})
-    if not all(isinstance(k, str) for k in header):
-        raise ValueError(f"header keys must be str, got {sorted(map(repr, header))}")
-    problem = _plain_header_problem(header, WireLimits.max_depth)
-    if problem is not None:
-        raise ValueError(f"header of {kind!r} must hold plain data with str map keys, got {problem}")
+    if header:
+        header = dict(header)
+        if not all(isinstance(k, str) for k in header):
+            raise ValueError(f"header keys must be str, got {sorted(map(repr, header))}")
+        problem = _plain_header_problem(header, WireLimits.max_depth)
+        if problem is not None:
+            raise ValueError(f"header of {kind!r} must hold plain data with str map keys, got {problem}")
+    else:
+        header = {}
     specs: list[list[Any]] = []
     frames: list[Any] = [b""]
     for index, (name, tensor) in enumerate((tensors or {}).items(), start=1):
-        if not isinstance(name, str) or not _NAME_RE.match(name):
-            raise ValueError(f"tensor name must match {_NAME_RE.pattern!r}, got {name!r}")
+        if type(name) is not str or name not in _CHECKED_NAMES:
+            if not isinstance(name, str) or not _NAME_RE.match(name):
+                raise ValueError(f"tensor name must match {_NAME_RE.pattern!r}, got {name!r}")
+            _checked(_CHECKED_NAMES, name)
         spec, buffer = _tensor_frame(name, tensor)
         specs.append(spec + [index])
         frames.append(buffer)
@@ -185,6 +193,18 @@ def encode(
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"header of {kind!r} is not msgpack-serialisable: {exc}") from exc
     return frames
+
+
+_CHECKED_KINDS: set[str] = set()
+_CHECKED_NAMES: set[str] = set()
+"""Message kinds and tensor names this process has sent or received and found well formed: a set lookup
+instead of a pattern match per message. Each holds at most `_CHECKED_MAX`."""
+_CHECKED_MAX = 4096
+
+
+def _checked(known: set[str], name: str) -> None:
+    if len(known) < _CHECKED_MAX:  # a peer that invents names cannot grow this without bound
+        known.add(name)
 
 
 def _fail(what: str, expected: str, got: Any) -> ProtocolError:
@@ -273,8 +293,10 @@ def decode(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> Message:
     if version != PROTOCOL_VERSION or not _is_int(version):
         raise _fail("protocol version", str(PROTOCOL_VERSION), version)
     kind = obj["k"]
-    if not isinstance(kind, str) or not _KIND_RE.match(kind):
-        raise _fail("message kind", f"a name matching {_KIND_RE.pattern}", kind)
+    if type(kind) is not str or kind not in _CHECKED_KINDS:
+        if not isinstance(kind, str) or not _KIND_RE.match(kind):
+            raise _fail("message kind", f"a name matching {_KIND_RE.pattern}", kind)
+        _checked(_CHECKED_KINDS, kind)
     if limits.kinds is not None and kind not in limits.kinds and kind not in _RESERVED_KINDS:
         raise _fail("message kind", f"one of {sorted(limits.kinds | _RESERVED_KINDS)}", kind)
     seq = obj["s"]
@@ -302,26 +324,26 @@ def decode(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> Message:
         if not isinstance(spec, list) or len(spec) != 4:
             raise _fail(f"tensor #{index}", "[name, dtype, shape, frame]", spec)
         name, dtype_name, shape, frame_index = spec
-        if not isinstance(name, str) or not _NAME_RE.match(name):
-            raise _fail(f"tensor #{index} name", f"a name matching {_NAME_RE.pattern}", name)
+        if type(name) is not str or name not in _CHECKED_NAMES:
+            if not isinstance(name, str) or not _NAME_RE.match(name):
+                raise _fail(f"tensor #{index} name", f"a name matching {_NAME_RE.pattern}", name)
+            _checked(_CHECKED_NAMES, name)
         where = name
         if name in tensors:
             raise _fail(f"tensor {where!r}", "a unique name", "a duplicate")
         dtype = DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
         if dtype is None:
             raise _fail(f"tensor {where!r} dtype", f"one of {sorted(DTYPES)}", dtype_name)
-        if (
-            not isinstance(shape, list)
-            or len(shape) > limits.max_ndim
-            or not all(type(d) is int and d >= 0 for d in shape)
-        ):
+        if type(shape) is not list or len(shape) > limits.max_ndim:
             raise _fail(f"tensor {where!r} shape", f"a list of at most {limits.max_ndim} non-negative ints", shape)
         if frame_index != index or type(frame_index) is not int:
             raise _fail(f"tensor {where!r} frame index", str(index), frame_index)
         numel = span = 1
         for d in shape:
+            if type(d) is not int or d < 0:
+                raise _fail(f"tensor {where!r} shape", f"a list of at most {limits.max_ndim} non-negative ints", shape)
             numel *= d
-            span *= max(d, 1)
+            span *= d or 1
         itemsize = _ITEMSIZE[dtype_name]
         expected = numel * itemsize
         # span bounds the strides torch computes even when a zero dimension makes numel 0
@@ -334,16 +356,34 @@ def decode(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> Message:
         if total > limits.max_message_bytes:
             raise _fail("message size", f"at most {limits.max_message_bytes} bytes", f"more than {total} bytes")
         tensor = tensors[name] = _tensor_from_frame(frames[index], dtype, itemsize, shape, numel)
-        if limits.finite and dtype.is_floating_point and numel and not _all_finite(tensor):
+        if limits.finite and dtype.is_floating_point and numel and not _all_finite(tensor, frames[index]):
             bad = int((~torch.isfinite(tensor)).sum())
             raise ProtocolError(f"tensor {where!r}: expected finite values, got {bad} NaN or infinite of {numel}")
     return Message(kind=kind, header=header, tensors=tensors, seq=seq, nbytes=total, sid=obj.get(_SESSION_KEY))
 
 
-def _all_finite(tensor: torch.Tensor) -> bool:
-    """Whether every value is finite. A sum is NaN or infinite whenever a value is, and one reduction costs a
-    tenth of ``isfinite(...).all()`` (about 5 against 39 us for 4096 floats, 35 us against 2.2 ms for 128 x
-    4096, one thread); only a sum that overflows from finite values needs the exact check."""
+_NON_FINITE_FROM = {torch.bfloat16: (0x7F80, 0xFF80), torch.float16: (0x7C00, 0xFC00)}
+"""For the 2-byte floats: where the bit patterns with every exponent bit set (NaN and infinity) begin, read as
+a signed int16 (sign clear: they end at 0x7fff) and as an unsigned one (sign set: they end at 0xffff)."""
+
+
+def _all_finite(tensor: torch.Tensor, frame: Any = None) -> bool:
+    """Whether every value is finite (``frame``: the buffer ``tensor`` was made from, if at hand).
+
+    2-byte floats: a value is NaN or infinite exactly when its exponent bits are all set; read as int16 those
+    with the sign clear are then the largest (0x7f80 and up for bfloat16), read as uint16 those with the sign
+    set are (0xff80 and up). Two max reductions over numpy views of the frame, no conversion: 33 us for 1 MiB
+    of bfloat16 against 59 us for a float32 sum, 4.5 us against 5.7 us for 16 KiB (timeit, one thread).
+    float32: a sum is NaN or infinite whenever a value is, and one reduction costs a tenth of
+    ``isfinite(...).all()`` (about 5 against 39 us for 4096 floats); only a sum that overflows from finite
+    values needs the exact check."""
+    bounds = _NON_FINITE_FROM.get(tensor.dtype)
+    if bounds is not None:
+        if frame is None:
+            ints = tensor.reshape(-1).view(torch.int16).numpy()
+        else:
+            ints = numpy.frombuffer(frame, numpy.int16)
+        return int(ints.max()) < bounds[0] and int(ints.view(numpy.uint16).max()) < bounds[1]
     return math.isfinite(float(tensor.sum(dtype=torch.float32))) or bool(torch.isfinite(tensor).all())
 
 

@@ -21,6 +21,7 @@ from splitrl.transport.wire import (
     PROTOCOL_VERSION,
     Message,
     WireLimits,
+    _all_finite,
     decode,
     encode,
     frame_nbytes,
@@ -715,3 +716,22 @@ def test_finite_values_whose_sum_overflows_are_accepted_and_one_inf_among_them_i
     t[7], t[9] = float("inf"), -float("inf")  # a sum of NaN: found all the same
     with pytest.raises(ProtocolError, match="got 2 NaN or infinite of 4096"):
         decode([bytes(f) for f in encode("x", 0, tensors={"t": t})])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_2_byte_float_pattern_is_judged_finite_exactly_as_torch_does(dtype):
+    """The 2-byte floats' check reads bit patterns as integers: all 65,536 of them, alone and among finite values."""
+    patterns = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    finite = torch.isfinite(patterns)
+    assert 0 < int(finite.sum()) < len(patterns)
+    for i in range(len(patterns)):
+        assert _all_finite(patterns[i : i + 1]) is bool(finite[i]), hex(int(patterns[i : i + 1].view(torch.int16)))
+    crowd = torch.ones(1001, dtype=dtype)
+    for bad in patterns[~finite][:: 97]:
+        crowd[500] = bad
+        assert not _all_finite(crowd.view(7, 11, 13))
+    crowd[500] = 1.0
+    assert _all_finite(crowd.view(7, 11, 13))
+    for i in range(0, len(patterns), 4099):  # as decode calls it: with the frame the tensor came from
+        one = patterns[i : i + 1]
+        assert _all_finite(one, memoryview(one.view(torch.uint8).numpy().tobytes())) is bool(finite[i])
