@@ -203,7 +203,8 @@ _CHECKED_MAX = 4096
 
 
 def _checked(known: set[str], name: str) -> None:
-    if len(known) < _CHECKED_MAX:  # a peer that invents names cannot grow this without bound
+    # Plain str only: a subclass's own __eq__ or __hash__ could later stand in for a name never checked.
+    if type(name) is str and len(known) < _CHECKED_MAX:  # a peer that invents names cannot grow this unbounded
         known.add(name)
 
 

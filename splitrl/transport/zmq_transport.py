@@ -237,19 +237,18 @@ class ZmqTransport(Transport):
 
         The wait is a blocking receive in slices (``RCVTIMEO``), liveness looked at between them: a message
         that comes is taken inside libzmq as it arrives. A non-blocking try, then ``zmq_poll``, then a
-        receive (what this did before) cost about 30 us more on each side of a 16 KiB round trip
-        (docs/results/transport.md), a fifth of the framed link's whole overhead over raw pyzmq."""
+        receive (what this did before) made a 16 KiB ping-pong about 15 % slower (docs/results/transport.md)."""
         pull = self._pull
-        try:
-            if self._slice(min(timeout, WAITING_LINE_EVERY)):
-                return pull.recv(copy=False)
-            return pull.recv(zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            pass
-        start = time.monotonic()
+        start = now = time.monotonic()
         deadline = start + timeout
         next_line = start + WAITING_LINE_EVERY
         while True:
+            try:
+                if self._slice(min(deadline, next_line) - now):
+                    return pull.recv(copy=False)
+                return pull.recv(zmq.NOBLOCK, copy=False)  # no time left: only what is here already
+            except zmq.Again:
+                pass
             self._link_events()
             self._check_alive()
             now = time.monotonic()
@@ -262,15 +261,10 @@ class ZmqTransport(Transport):
             if now >= next_line:
                 log.info("waiting for %s: %.0f s so far (giving up after %.0f s)", self.peer, now - start, timeout)
                 next_line = now + WAITING_LINE_EVERY
-            self._slice(min(deadline, next_line) - now)
-            try:
-                return pull.recv(copy=False)
-            except zmq.Again:
-                pass
 
     def _slice(self, seconds: float) -> bool:
         """Set the receiving socket's timeout to one slice of a wait of ``seconds`` (rounded up to a millisecond):
-        at most `_LINK_CHECK_EVERY` while liveness has something to look at, and no longer than the grace of a
+        at most `_LINK_CHECK_MS` while liveness has something to look at, and no longer than the grace of a
         connection that is gone. Set only when it changes (a socket option is a call into libzmq); False when
         nothing is left to wait."""
         if seconds <= 0:
@@ -278,8 +272,9 @@ class ZmqTransport(Transport):
         ms = int(seconds * 1000) + 1
         if self._watched:
             ms = min(ms, _LINK_CHECK_MS)
-        if self._gone_since is not None:
-            ms = min(ms, max(1, int((self._gone_since + self._grace - time.monotonic()) * 1000) + 1))
+        gone_since = self._gone_since  # once: a sending thread's liveness check may clear it meanwhile
+        if gone_since is not None:
+            ms = min(ms, max(1, int((gone_since + self._grace - time.monotonic()) * 1000) + 1))
         if ms != self._rcvtimeo:
             self._pull.setsockopt(zmq.RCVTIMEO, ms)
             self._rcvtimeo = ms
@@ -337,8 +332,9 @@ class ZmqTransport(Transport):
         wake = until
         if self.gate is not None and self.heartbeat > 0:
             wake = min(wake, now + _GATE_CHECK_EVERY)
-        if self._gone_since is not None:
-            wake = min(wake, self._gone_since + self._grace)
+        gone_since = self._gone_since  # once: another thread's liveness check may clear it meanwhile
+        if gone_since is not None:
+            wake = min(wake, gone_since + self._grace)
         return max(0, int((wake - now) * 1000)) + 1
 
     def _check_alive(self) -> None:

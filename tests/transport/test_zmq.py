@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import sys
 import time
@@ -179,6 +180,28 @@ def test_recv_uses_the_transport_timeout_by_default(make):
     binder = make("tcp://127.0.0.1:0", bind=True, timeout=0.1)
     with pytest.raises(TransportTimeout, match="0.1 s"):
         binder.recv()
+
+
+@pytest.mark.parametrize("heartbeat", [0.0, 5.0])
+def test_a_receive_gives_up_at_its_timeout_not_a_slice_later(make, caplog, heartbeat):
+    """The wait blocks in slices; the time spent in each counts: 1 s is 1 s (a slice late would be 2 s without
+    liveness to watch), and the first "waiting for" line says 5 s at about 5 s."""
+    binder = make("tcp://127.0.0.1:0", bind=True, name="stage0", heartbeat=heartbeat)
+    connector = make(binder.endpoint, bind=False, name="stage1", heartbeat=heartbeat)
+    for side in (binder, connector):
+        start = time.monotonic()
+        with pytest.raises(TransportTimeout):
+            side.recv(timeout=1.0)
+        assert 1.0 <= time.monotonic() - start < 1.6
+    if heartbeat:
+        return
+    caplog.set_level(logging.INFO, logger="splitrl.transport.zmq_transport")
+    start = time.monotonic()
+    with pytest.raises(TransportTimeout):
+        binder.recv(timeout=5.5)
+    assert 5.5 <= time.monotonic() - start < 6.1
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for")]
+    assert lines == ["waiting for stage0: 5 s so far (giving up after 6 s)"]
 
 
 def test_send_timeout_without_a_peer(make):
