@@ -54,6 +54,8 @@ DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+_NUMPY_DTYPES = frozenset(DTYPES) - {"bfloat16"}
+"""Wire dtypes numpy has too (`_tensor_frame`'s fast path)."""
 _ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in DTYPES.items()}
 _HEADER_KEYS = frozenset({"v", "k", "s", "h", "t"})
 _SESSION_KEY = "i"
@@ -133,6 +135,15 @@ def _tensor_frame(name: str, tensor: torch.Tensor) -> tuple[list[Any], memoryvie
         raise ValueError(f"tensor {name!r}: dtype {tensor.dtype} is not one of {sorted(DTYPES)}")
     if not tensor.is_cpu:
         raise ValueError(f"tensor {name!r} is on {tensor.device}; move it to the CPU before sending")
+    if dtype in _NUMPY_DTYPES:
+        # The common case in one call: numpy() refuses what the general path below mends (a tensor that
+        # requires grad, one with its conjugate or negative bit set), and reports non-contiguity in its flags.
+        try:
+            array = tensor.numpy()
+        except RuntimeError:
+            array = None
+        if array is not None and array.ndim and array.size and array.flags.c_contiguous:
+            return [name, dtype, list(array.shape)], memoryview(array).cast("B")
     if tensor.dim() and tensor.numel() and tensor.is_contiguous() and not (
         tensor.requires_grad or tensor.is_conj() or tensor.is_neg()
     ):
@@ -257,6 +268,12 @@ def session_of(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> int 
 def _plain_header_problem(header: Any, max_depth: int) -> str | None:
     """What in a header is not plain msgpack data (ext types, non-str map keys, nesting deeper than
     ``max_depth``), or None."""
+    if type(header) is dict:  # the common case, a flat map of plain values: one pass, no stack
+        for key, value in header.items():
+            if type(key) is not str or type(value) not in _FLAT_TYPES:
+                break
+        else:
+            return None
     stack = [(header, 0)]
     while stack:
         value, depth = stack.pop()
@@ -272,6 +289,10 @@ def _plain_header_problem(header: Any, max_depth: int) -> str | None:
         elif isinstance(value, (msgpack.Timestamp, msgpack.ExtType)):
             return "a msgpack extension type"
     return None
+
+
+_FLAT_TYPES = frozenset({str, int, float, bool, bytes, type(None)})
+"""Header values that are plain data whatever they hold (`_plain_header_problem`'s fast path)."""
 
 
 def _reject_ext(code: int, data: bytes) -> Any:
