@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import signal
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
+from gymnasium.vector.async_vector_env import _async_worker
 
 from .settings import VECTOR_MODES, EnvSettings, SettingsError
 
@@ -176,7 +178,7 @@ def make_vector_env(settings: EnvSettings, *, vector: str = "sync", reward_gamma
     thunks: list[Callable[[], gym.Env]] = [lambda: make_single_env(settings)] * settings.num_envs
     if vector == "async":
         base: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(thunks, autoreset_mode=AutoresetMode.SAME_STEP,
-                                                               context="spawn")
+                                                               context="spawn", worker=_worker_deaf_to_ctrl_c)
     else:
         base = gym.vector.SyncVectorEnv(thunks, autoreset_mode=AutoresetMode.SAME_STEP)
     stepper = StepInTwo(base)
@@ -186,6 +188,15 @@ def make_vector_env(settings: EnvSettings, *, vector: str = "sync", reward_gamma
         if reward_clip > 0:
             envs = gym.wrappers.vector.ClipReward(envs, -reward_clip, reward_clip)
     return envs, stepper
+
+
+def _worker_deaf_to_ctrl_c(*args: Any, **kwargs: Any) -> None:
+    """gymnasium's AsyncVectorEnv worker, ignoring SIGINT. Ctrl-C in a terminal reaches the whole process group
+    (and `splitrl run` stops its stages' groups so): a worker that took it would write to a pipe its parent is
+    closing and print a BrokenPipeError traceback per env. Its parent stops it instead (``close``; or the
+    worker reads the end of its pipe when the parent is gone)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _async_worker(*args, **kwargs)
 
 
 _WRAPPER_STATE = {

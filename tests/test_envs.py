@@ -1,5 +1,9 @@
 """The env side of stage0: action maps and the reward pipeline."""
 
+import os
+import signal
+import time
+
 import numpy as np
 import pytest
 
@@ -90,6 +94,24 @@ def test_async_envs_stepped_in_two_halves_give_what_sync_envs_give():
     assert len(seen["sync"]) == len(seen["async"]) > 60
     for a, b in zip(seen["sync"], seen["async"]):
         assert np.array_equal(a, b)
+
+
+def test_async_env_workers_leave_ctrl_c_to_their_parent():
+    """Ctrl-C reaches the whole process group; the workers ignore it (their parent stops them) instead of each
+    dying with a traceback about the pipe their parent is closing."""
+    envs, stepper = make_vector_env(EnvSettings(num_envs=2, max_episode_steps=12), vector="async")
+    try:
+        envs.reset(seed=5)
+        for process in stepper.env.processes:
+            os.kill(process.pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert all(process.is_alive() for process in stepper.env.processes)
+        action = np.zeros((2, 3), dtype=np.float32)
+        for _ in range(3):
+            stepper.begin(action)
+            envs.step(action)
+    finally:
+        envs.close()
 
 
 @pytest.mark.parametrize("vector", ["sync", "async"])
