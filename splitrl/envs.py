@@ -10,7 +10,6 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.async_vector_env import _async_worker
 
 from .settings import VECTOR_MODES, EnvSettings, SettingsError
 
@@ -178,7 +177,8 @@ def make_vector_env(settings: EnvSettings, *, vector: str = "sync", reward_gamma
     thunks: list[Callable[[], gym.Env]] = [lambda: make_single_env(settings)] * settings.num_envs
     if vector == "async":
         base: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(thunks, autoreset_mode=AutoresetMode.SAME_STEP,
-                                                               context="spawn", worker=_worker_deaf_to_ctrl_c)
+                                                               context="spawn",
+                                                               worker=_worker_deaf_to_ctrl_c if _async_worker else None)
     else:
         base = gym.vector.SyncVectorEnv(thunks, autoreset_mode=AutoresetMode.SAME_STEP)
     stepper = StepInTwo(base)
@@ -188,6 +188,12 @@ def make_vector_env(settings: EnvSettings, *, vector: str = "sync", reward_gamma
         if reward_clip > 0:
             envs = gym.wrappers.vector.ClipReward(envs, -reward_clip, reward_clip)
     return envs, stepper
+
+
+try:
+    from gymnasium.vector.async_vector_env import _async_worker
+except ImportError:  # pragma: no cover - a gymnasium that renamed its worker: use its own (Ctrl-C tracebacks and all)
+    _async_worker = None
 
 
 def _worker_deaf_to_ctrl_c(*args: Any, **kwargs: Any) -> None:

@@ -135,6 +135,8 @@ def _tensor_frame(name: str, tensor: torch.Tensor) -> tuple[list[Any], memoryvie
         raise ValueError(f"tensor {name!r}: dtype {tensor.dtype} is not one of {sorted(DTYPES)}")
     if not tensor.is_cpu:
         raise ValueError(f"tensor {name!r} is on {tensor.device}; move it to the CPU before sending")
+    if tensor.layout is not torch.strided:
+        raise ValueError(f"tensor {name!r} is {tensor.layout}; send a dense tensor (to_dense())")
     if dtype in _NUMPY_DTYPES:
         # The common case in one call: numpy() refuses what the general path below mends (a tensor that
         # requires grad, one with its conjugate or negative bit set), and reports non-contiguity in its flags.
@@ -147,7 +149,7 @@ def _tensor_frame(name: str, tensor: torch.Tensor) -> tuple[list[Any], memoryvie
     if tensor.dim() and tensor.numel() and tensor.is_contiguous() and not (
         tensor.requires_grad or tensor.is_conj() or tensor.is_neg()
     ):
-        flat = tensor  # the common case: each torch call below costs about a microsecond
+        flat = tensor.reshape(-1)  # a view; last stride 1 even for a transposed row (size-1 dims' strides vary)
     else:
         flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
     # A uint8 view carries every dtype, bfloat16 included, without a copy.

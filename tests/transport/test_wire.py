@@ -735,3 +735,17 @@ def test_every_2_byte_float_pattern_is_judged_finite_exactly_as_torch_does(dtype
     for i in range(0, len(patterns), 4099):  # as decode calls it: with the frame the tensor came from
         one = patterns[i : i + 1]
         assert _all_finite(one, memoryview(one.view(torch.uint8).numpy().tobytes())) is bool(finite[i])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_a_transposed_row_and_other_odd_strides_cross_as_their_values(dtype):
+    """torch calls a (5, 1) transpose of a row contiguous, with a last stride of 5: framed by its values."""
+    base = torch.arange(10, dtype=torch.float32).to(dtype)
+    for t in (base.view(1, 10).t(), base.view(2, 5).t(), base[::3], base.view(10, 1).expand(10, 3)):
+        out = decode([bytes(f) for f in encode("x", 0, tensors={"t": t})]).tensors["t"]
+        assert out.shape == t.shape and torch.equal(out, t)
+
+
+def test_a_sparse_tensor_is_refused_with_a_message():
+    with pytest.raises(ValueError, match="dense"):
+        encode("x", 0, tensors={"t": torch.eye(3).to_sparse()})

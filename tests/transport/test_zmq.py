@@ -192,14 +192,14 @@ def test_a_receive_gives_up_at_its_timeout_not_a_slice_later(make, caplog, heart
         start = time.monotonic()
         with pytest.raises(TransportTimeout):
             side.recv(timeout=1.0)
-        assert 1.0 <= time.monotonic() - start < 1.6
+        assert 1.0 <= time.monotonic() - start < 1.8
     if heartbeat:
         return
     caplog.set_level(logging.INFO, logger="splitrl.transport.zmq_transport")
     start = time.monotonic()
     with pytest.raises(TransportTimeout):
         binder.recv(timeout=5.5)
-    assert 5.5 <= time.monotonic() - start < 6.1
+    assert 5.5 <= time.monotonic() - start < 7.0
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for")]
     assert lines == ["waiting for stage0: 5 s so far (giving up after 6 s)"]
 
