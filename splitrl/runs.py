@@ -348,5 +348,14 @@ def summarise_run(
         "link_wait_per_iteration": sum(r.get("time/link_wait", 0.0) for r in used) / len(used),
         "final_ema": last.get("charts/episodic_return_ema"),
         "last_episodes_mean": sum(tail) / len(tail) if tail else None,
-        "wall_seconds": last.get("time/total"),
+        "wall_seconds": wall_seconds(records),
     }
+
+
+def wall_seconds(records: Sequence[dict[str, Any]]) -> float | None:
+    """A run's wall time: ``time/total`` counts from its process's start, so a run resumed N times is the sum of
+    each session's last total (where the next record's total is smaller, a new session began)."""
+    totals = [r.get("time/total") for r in records]
+    if not totals or any(t is None for t in totals):
+        return totals[-1] if totals else None
+    return sum(here for here, after in zip(totals, [*totals[1:], None]) if after is None or after < here)

@@ -62,6 +62,15 @@ def test_summary_has_totals_returns_and_settings(tmp_path):
         summarise_run(run, upto=0)
 
 
+def test_a_resumed_runs_wall_time_adds_up_its_sessions(tmp_path):
+    """time/total restarts with each process: three sessions of 100 + 40 + 25 s, not the last one's 25."""
+    totals = [30.0, 70.0, 100.0, 20.0, 40.0, 25.0]
+    _write_metrics(tmp_path / "run", [{"iteration": i + 1, "time/iteration": 10.0, "time/total": t}
+                                      for i, t in enumerate(totals)])
+    assert summarise_run(tmp_path / "run")["wall_seconds"] == 165.0
+    assert summarise_run(tmp_path / "run", upto=4)["wall_seconds"] == 120.0
+
+
 def test_skip_last_leaves_out_an_asynchronous_runs_lone_training(tmp_path):
     _write_metrics(tmp_path / "run", [{"iteration": i, "time/iteration": t, "net/fwd/sent_bytes": 1}
                                       for i, t in ((1, 90.0), (2, 50.0), (3, 54.0), (4, 30.0))])

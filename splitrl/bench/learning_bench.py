@@ -8,10 +8,11 @@ each row is `splitrl.runs.summarise_run` of one run directory.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..launch import progress
 from ..runs import link_bytes, read_metrics, summarise_run
@@ -116,15 +117,34 @@ def kind_table(run_dirs: Sequence[Path], upto: int | None = None) -> str:
     return "\n".join(lines)
 
 
+def held_out(run_dir: Path, iteration: int) -> str:
+    """The newest `splitrl eval` of ``iteration``'s checkpoints (RUN_DIR/eval.jsonl), deterministic and sampled:
+    "mean ± std (n)" each, "-" for a mode not evaluated."""
+    newest: dict[bool, dict[str, Any]] = {}
+    path = Path(run_dir) / "eval.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            record = json.loads(line) if line.strip() else {}
+            if record.get("iteration") == iteration:
+                newest[bool(record.get("deterministic"))] = record
+    cells = [f"{r['return_mean']:.1f} ± {r['return_std']:.1f} ({r['episodes']})" if (r := newest.get(mode)) else "-"
+             for mode in (True, False)]
+    return " / ".join(cells)
+
+
 def learning_table(run_dirs: Sequence[Path], reference: str = "bf16", upto: int | None = None) -> str:
-    """Markdown table, one row per run; 'x fewer' is against the run named ``reference``."""
+    """Markdown table, one row per run; 'x fewer' is against the run named ``reference``. A column of held-out
+    evaluations (`held_out`, at each run's last iteration counted) when any run has them."""
     rows = [summarise_run(Path(d), upto=upto) for d in run_dirs]
+    evals = [held_out(Path(d), r["iterations"]) for d, r in zip(run_dirs, rows)]
+    with_evals = any(e != "- / -" for e in evals)
     ref = next((r for r in rows if r["run"] == reference), None)
     head = ("| run | cut | codecs (rollout / fwd / bwd) | iterations | total bytes | bytes per env step "
-            f"| x fewer than {reference} | final EMA return | mean of last 20 episodes | wall time |\n"
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+            f"| x fewer than {reference} | final EMA return | mean of last 20 episodes | wall time |"
+            + (" held-out eval: deterministic / sampled |" if with_evals else "") + "\n"
+            + "|---|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---|" if with_evals else ""))
     lines = [head]
-    for r in rows:
+    for r, evaluated in zip(rows, evals):
         # Per env step, so a run cut short compares fairly with a finished one.
         ratio = f"{ref['bytes_per_step'] / r['bytes_per_step']:.1f}" if ref and r["bytes_per_step"] else ""
         ema = "n/a" if r["final_ema"] is None else f"{r['final_ema']:.1f}"
@@ -133,5 +153,6 @@ def learning_table(run_dirs: Sequence[Path], reference: str = "bf16", upto: int 
         lines.append(
             f"| {r['run']} | {r['cut']} | `{r['codecs']}` | {r['iterations']} | {r['total_bytes'] / 1e9:.2f} GB "
             f"| {r['bytes_per_step']:,.0f} | {ratio} | {ema} | {tail} | {wall} |"
+            + (f" {evaluated} |" if with_evals else "")
         )
     return "\n".join(lines)

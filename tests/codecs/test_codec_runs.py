@@ -83,6 +83,15 @@ def test_learning_table_has_a_row_per_run_with_its_codecs_and_ratio(runs, tmp_pa
     (short / "metrics.jsonl").write_text((base / "lean" / "metrics.jsonl").read_text().splitlines()[0] + "\n")
     row = learning_table([base / "fp32", short], reference="fp32").splitlines()[3]
     assert float(row.split("|")[7]) == pytest.approx(plain["bytes_per_step"] / first["bytes_per_step"], rel=0.01)
+    assert "held-out" not in learning_table([base / "fp32", short], reference="fp32")
+    # `splitrl eval` records of the last iteration counted: a column, the newest of each mode
+    record = {"iteration": 1, "deterministic": True, "episodes": 3, "return_mean": 9.0, "return_std": 1.0}
+    records = [record, {**record, "return_mean": 12.25}, {**record, "iteration": 2, "return_mean": 99.0},
+               {**record, "deterministic": False, "episodes": 5, "return_mean": -4.0, "return_std": 2.5}]
+    (short / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    table = learning_table([base / "fp32", short], reference="fp32").splitlines()
+    assert table[0].endswith("| held-out eval: deterministic / sampled |") and table[1].endswith("---:|---|")
+    assert table[2].endswith("| - / - |") and table[3].endswith("| 12.2 ± 1.0 (3) / -4.0 ± 2.5 (5) |")
 
 
 def test_the_kind_table_splits_each_runs_bytes_per_env_step_by_message_kind(runs):
