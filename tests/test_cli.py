@@ -49,3 +49,20 @@ def test_total_steps_must_be_whole_iterations_and_the_error_says_which():
     assert result.exit_code == 2
     assert "--total-steps 50 is not a whole number of iterations of 32 steps (num_steps x num_envs x edges): use 32 or 64" \
         in result.output
+
+
+def test_the_learning_table_of_a_directory_lists_every_run_in_it(tmp_path):
+    import json
+
+    for name, ema in (("bf16", 500.0), ("ours-bottleneck-seed2", 480.0), ("bf16-seed1", 510.0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text(json.dumps(
+            {"iteration": 1, "global_step": 4096, "time/iteration": 80.0, "time/total": 81.0,
+             "charts/episodic_return_ema": ema, "net_total/step/sent_bytes": 4096 * 100}) + "\n")
+    (tmp_path / "notes").mkdir()  # not a run
+    result = _run("bench", "learning", "--table-only", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    rows = [line.split("|")[1].strip() for line in result.output.splitlines()[2:]]
+    assert rows == ["bf16", "bf16-seed1", "ours-bottleneck-seed2"]  # the known configurations first, then by name
+    result = _run("bench", "learning", "--table-only", "--out", str(tmp_path), "--config", "bf16")
+    assert [line.split("|")[1].strip() for line in result.output.splitlines()[2:]] == ["bf16"]

@@ -108,7 +108,8 @@ def bench_codecs(num_steps: int, epochs: int, minibatches: int, from_run: str | 
 @click.option("--iterations", default=25, show_default=True, help="PPO iterations of 4096 steps per run")
 @click.option("--out", "out_dir", default="runs/learning-comparison", show_default=True,
               type=click.Path(file_okay=False), help="one run directory per configuration goes here")
-@click.option("--table-only", is_flag=True, help="only print the table of the run directories already in --out")
+@click.option("--table-only", is_flag=True, help="only print the table of the run directories already in --out "
+              "(without --config: every run there, e.g. docs/results/paper-length's)")
 @click.option("--upto", type=int, help="with --table-only: every run as of the end of this iteration")
 @click.option("--reference", default="bf16", show_default=True, help="the run the 'x fewer' column compares with")
 @click.option("--by-kind", is_flag=True, help="also a table of each run's bytes per env step by message kind")
@@ -130,6 +131,8 @@ def bench_learning(names: tuple[str, ...], iterations: int, out_dir: str, table_
         out = Path(out_dir)
         if table_only:
             dirs = [out / n for n in chosen if (out / n / "metrics.jsonl").exists()]
+            if not names and out.is_dir():  # and every other run there (e.g. bf16-seed1), by name
+                dirs += sorted(d for d in out.iterdir() if d.name not in CONFIGS and (d / "metrics.jsonl").exists())
         else:
             dirs = run_learning_comparison(chosen, iterations * 4096, out, extra)
         if not dirs:
