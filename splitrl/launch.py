@@ -204,13 +204,18 @@ def launch_split(stage_args: Sequence[str], run_dir: str, *, endpoint: str | Non
 
     ``stage_args`` go to both (the settings' argv, ``--run-dir run_dir`` included); ``endpoint``:
     where stage1 binds and stage0 connects (default: free loopback tcp ports). A fleet (``edges`` > 1)
-    starts a stage0 per edge, edge k with ``--edge-id k`` and the run directory ``run_dir/edge-k``.
-    Returns the first non-zero exit code, else 0.
+    starts a stage0 per edge, edge k with ``--edge-id k`` and the run directory ``run_dir/edge-k`` (resumed
+    from there when ``stage_args`` resume). Returns the first non-zero exit code, else 0.
     """
     endpoint = endpoint or f"tcp://127.0.0.1:{free_port(count=2 * edges)}"
     base = [sys.executable, "-m", "splitrl"]
-    edge_args = [[]] if edges == 1 else [["--edge-id", str(k), "--run-dir", os.path.join(run_dir, f"edge-{k}")]
-                                         for k in range(edges)]
+    resuming = any(a == "--resume" and b for a, b in zip(stage_args, stage_args[1:]))
+    edge_args: list[list[str]] = [[]]
+    if edges > 1:
+        edge_args = []
+        for k in range(edges):
+            edge_dir = os.path.join(run_dir, f"edge-{k}")
+            edge_args.append(["--edge-id", str(k), "--run-dir", edge_dir, *(["--resume", edge_dir] if resuming else [])])
     procs = [subprocess.Popen(base + ["stage1", "--bind", endpoint, *stage_args])]
     procs += [subprocess.Popen(base + ["stage0", "--connect", endpoint, *stage_args, *extra]) for extra in edge_args]
     with contextlib.suppress(KeyboardInterrupt):  # all are stopped either way; their exit codes say how

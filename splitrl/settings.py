@@ -539,9 +539,6 @@ class TrainSettings:
         if options is not None and self.schedule.edges > 1:
             if options.transport != "zmq":
                 problems.append(f"--edges > 1 runs over --transport zmq only, got {options.transport}")
-            if options.resume:
-                problems.append("--resume of a fleet (--edges > 1) is not supported yet (a lost edge can rejoin: "
-                                "--min-edges, --rejoin)")
         if problems:
             raise SettingsError("invalid settings:\n  - " + "\n  - ".join(problems))
         return self

@@ -159,6 +159,10 @@ class Roster:
         self.rejoin = rejoin
         self.dropped = self.joined = 0
         self._watch: tuple[tuple[int, ...], Watch] | None = None
+        self.hellos: dict[int, dict[str, Any]] = {}
+        """Each place's last answered ``hello`` header (a resumed fleet reads the edges' checkpoints there)."""
+        self.answer_extra: dict[str, Any] = {}
+        """What every answer to a ``hello`` carries besides ``join_after`` (a resumed fleet: its checkpoints)."""
 
     def live(self) -> list[int]:
         return [g for g, alive in enumerate(self.alive) if alive]
@@ -275,8 +279,8 @@ class Roster:
         """Whether a stage0's hello was waiting at place ``g`` and is answered (``join_after``: ``iteration``)."""
         link = self.links[g]
         try:
-            hello = answer_hello(link, STAGE1, STAGE0, self.shared, timeout=POLL, extra={"join_after": iteration},
-                                 reply_timeout=link.timeout)
+            hello = answer_hello(link, STAGE1, STAGE0, self.shared, timeout=POLL,
+                                 extra={**self.answer_extra, "join_after": iteration}, reply_timeout=link.timeout)
             if hello.get("edge") != g:
                 raise HandshakeError(f"{link.peer}: edge {g}'s place, taken by a stage0 that says it is edge "
                                      f"{peer_repr(hello.get('edge'))}")
@@ -287,6 +291,7 @@ class Roster:
         except LINK_ERRORS as exc:
             self._refuse(g, f"refused a stage0: {exc}")
             return False
+        self.hellos[g] = hello
         log.info("[stage1] edge %d of %d connected%s", g, len(self.links),
                  f" (joins after iteration {iteration})" if iteration else "")
         return True
@@ -299,6 +304,28 @@ class Roster:
         self.require(timeout)
         for g in self.admit(0, START_GRACE, want=len(self.links)):
             self.alive[g] = True
+
+    def resume(self, ours: Sequence[int]) -> int:
+        """A resumed fleet, once started: the newest iteration stage1 (``ours``: its checkpoints) and every edge
+        in have a checkpoint of (0: none), sent to each (``resume``); an edge that does not resume (no
+        ``checkpoints`` in its hello, or not a list of ints) is dropped as `lose` does (the run ends if too
+        few are left). Edges answer their hellos first and only then learn the point: each may hold a
+        checkpoint the others lack (one interrupted while it wrote it)."""
+        common = set(ours)
+        for g in self.live():
+            theirs = self.hellos.get(g, {}).get("checkpoints")
+            if theirs is None:
+                self.lose(g, HandshakeError(f"edge {g} does not resume: the fleet continues a run, so start every "
+                                            "edge with --resume RUN_DIR (its own run directory) too"))
+            elif not isinstance(theirs, list) or not all(type(i) is int for i in theirs):
+                self.lose(g, ProtocolError(f"hello: expected edge {g}'s checkpoint iterations as a list of ints, "
+                                           f"got {peer_repr(theirs)}"))
+            else:
+                common &= set(theirs)
+        iteration = max(common, default=0)
+        for g in self.live():
+            self.send(g, "resume", header={"iteration": iteration})
+        return iteration
 
     def welcome(self, joiners: list[int], source: int, iteration: int) -> None:
         """Give edges answered at the end of ``iteration`` (`admit`) the encoder of edge ``source``, which

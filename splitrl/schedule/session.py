@@ -200,8 +200,18 @@ def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, sta
             state = after_progress(link, "encoder_state", start_timeout, iteration=join_after)
             edge.join(state, join_after)
             log.info("[stage0] joined the fleet after its iteration %d", join_after)
+        if resume and join_after:
+            resume = False  # it joined the running fleet with another edge's encoder: its own checkpoints are past
+            log.info("[stage0] its own checkpoints are not used: it joined the fleet after iteration %d", join_after)
         if resume:
             iteration = _resume_point(hello, ours)
+            if edge.settings.schedule.edges > 1:
+                # The fleet's point is common to stage1 and every edge: stage1 says it once all are in.
+                said = after_progress(link, "resume", start_timeout).header.get("iteration")
+                if type(said) is not int or said < 0 or (said and said not in ours):
+                    raise ProtocolError(f"resume: stage1 resumes the fleet after iteration {peer_repr(said)}; this "
+                                        f"edge has checkpoints of {ours or 'none'}")
+                iteration = said
             if iteration:
                 state = load_checkpoint(edge.run_log.dir, STAGE0, iteration)
                 edge.load_state_dict(state)
@@ -317,13 +327,26 @@ def run_stage0(settings: TrainSettings, options: RunOptions, connect: str) -> li
 
 def serve_fleet(learner: Learner, links: list[Transport], settings: TrainSettings, run_log: RunLog | None = None, *,
                 start_timeout: float | None = None, min_edges: int = 0, rejoin: float = 0.0,
-                act_wait: float | None = None) -> int:
+                act_wait: float | None = None, resume: bool = False) -> int:
     """Stage1 of a fleet: the edges' hellos (edge g on ``links[g]``; all of them, or ``min_edges``), then
-    `fleet.stage1_loop` until they close (`fleet.Roster`: edges that fail are dropped, edges that come join)."""
+    `fleet.stage1_loop` until they close (`fleet.Roster`: edges that fail are dropped, edges that come join).
+    ``resume``: from the newest iteration stage1 and every edge that came have a checkpoint of
+    (`Roster.resume`)."""
     try:
         exchange = learner_exchange(learner)
         roster = fleet.Roster(links, settings.shared(), min_edges, rejoin)
+        ours = checkpoint_iterations(run_log.dir, STAGE1) if resume and run_log is not None else []
+        if resume:
+            roster.answer_extra = {"checkpoints": ours}
         roster.start(start_timeout if start_timeout is not None else RunOptions().start_timeout)
+        if resume:
+            iteration = roster.resume(ours)
+            if iteration:
+                assert run_log is not None
+                state = load_checkpoint(run_log.dir, STAGE1, iteration)
+                learner.load_state_dict(state)
+                exchange.load_state_dict(state["exchange"])
+            log.info("[stage1] resuming the fleet after iteration %d", iteration)
         served = fleet.stage1_loop(learner, exchange, roster, run_log, act_wait)
     except BaseException as exc:
         for link in links:
@@ -342,7 +365,7 @@ def run_fleet_stage1(settings: TrainSettings, options: RunOptions, bind: str, sp
         log.info("[stage1] listening for %d edges on %s (edge g: port + 2g)", len(links), links[0].endpoint)
         return serve_fleet(learner, links, settings, run_log, start_timeout=options.start_timeout,
                            min_edges=options.min_edges, rejoin=options.rejoin,
-                           act_wait=options.act_wait_seconds())
+                           act_wait=options.act_wait_seconds(), resume=bool(options.resume))
     finally:
         for link in links:
             link.close()

@@ -68,6 +68,49 @@ def test_two_edges_of_one_env_train_as_one_edge_of_two_envs_in_two_groups(tmp_pa
     assert episodes == sorted((e["env"], e["length"], e["iteration"]) for e in _rows(twin / "episodes.jsonl"))
 
 
+def test_a_fleet_run_resumed_ends_bit_for_bit_where_it_would_have(tmp_path, spawn):
+    """`splitrl run --edges 2` for 3 iterations, against 2 iterations and then --resume to 3: stage1 and each
+    edge go on from their checkpoints of iteration 2 (each edge from its own run directory)."""
+    three = [a if a != "128" else "192" for a in ONE_ENV_EACH]
+    assert three != ONE_ENV_EACH
+    args = ["--edges", "2", *LINK]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    code, out = spawn("run", "--run-dir", str(straight), *three, *args).finish(timeout=300)
+    assert code == 0, out
+    code, out = spawn("run", "--run-dir", str(resumed), *ONE_ENV_EACH, *args).finish(timeout=300)
+    assert code == 0, out
+    code, out = spawn("run", "--resume", str(resumed), *three, *args).finish(timeout=300)
+    assert code == 0, out
+    assert "resuming the fleet after iteration 2" in out and out.count("[stage0] resuming after iteration 2") == 2
+    heads = [load_checkpoint(run, "stage1", 3)["heads"] for run in (straight, resumed)]
+    assert all(torch.equal(heads[0][name], heads[1][name]) for name in heads[0])
+    for k in range(2):
+        nets = [load_checkpoint(run / f"edge-{k}", "stage0", 3)["net"] for run in (straight, resumed)]
+        assert all(torch.equal(nets[0][name], nets[1][name]) for name in nets[0])
+        rows = [[{key: v for key, v in r.items() if not key.startswith(("time/", "cpu/", "net", "charts/SPS"))}
+                 for r in _rows(run / f"edge-{k}" / "metrics.jsonl")] for run in (straight, resumed)]
+        assert rows[0] == rows[1] and [r["iteration"] for r in rows[1]] == [1, 2, 3]
+
+
+def test_a_resumed_fleet_starts_from_the_newest_iteration_stage1_and_every_edge_hold():
+    """An edge interrupted while it wrote its checkpoint lacks the newest one stage1 has: all go back one; an
+    edge that does not resume is dropped (here: the run cannot go on without it)."""
+    from splitrl.schedule.fleet import Roster
+    from splitrl.transport.local import LocalTransport
+
+    pairs = [LocalTransport.pair("stage1", "stage0", timeout=5) for _ in range(2)]
+    roster = Roster([a for a, _ in pairs], {})
+    roster.alive = [True, True]
+    roster.hellos = {0: {"checkpoints": [4, 5]}, 1: {"checkpoints": [3, 4]}}
+    assert roster.resume([4, 5]) == 4
+    for _, edge in pairs:
+        msg = edge.recv(timeout=1)
+        assert (msg.kind, msg.header) == ("resume", {"iteration": 4})
+    roster.hellos[1] = {}
+    with pytest.raises(Exception, match="does not resume"):
+        roster.resume([4, 5])
+
+
 def test_an_edge_holds_its_share_of_the_fleets_samples():
     settings = TrainSettings(env=EnvSettings(num_envs=2), ppo=PPOSettings(num_steps=3, minibatches=1),
                              schedule=ScheduleSettings(edges=3))
@@ -195,8 +238,7 @@ def test_a_fleet_iteration_is_every_edges_rollout_and_its_edge_ids_are_checked()
         settings.validate(RunOptions(edge_id=3))
     with pytest.raises(ValueError, match="zmq only"):
         settings.validate(RunOptions(transport="tcp"))
-    with pytest.raises(ValueError, match="--resume of a fleet"):
-        settings.validate(RunOptions(resume="runs/x"))
+    settings.validate(RunOptions(resume="runs/x"))  # a fleet resumes (test_a_fleet_run_resumed_...)
     settings.validate(RunOptions(rejoin=10, min_edges=2))
     settings.validate(RunOptions(heartbeat=0))  # stage1, and `run`, which gives each edge its id
     with pytest.raises(ValueError, match="need --heartbeat > 0"):  # an edge that must find its place
