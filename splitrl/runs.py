@@ -145,6 +145,14 @@ class RunLog:
                     leftover.unlink(missing_ok=True)
         return path
 
+    def drop_checkpoints_after(self, stage: str, iteration: int) -> None:
+        """Remove ``stage``'s checkpoints of iterations after ``iteration`` (with their checksum files)."""
+        for later in checkpoint_iterations(self.dir, stage):
+            if later > iteration:
+                path = checkpoint_path(self.dir, stage, later)
+                for each in (path, path.with_name(path.name + ".sha256")):
+                    each.unlink(missing_ok=True)
+
 
 def _write_atomically(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")

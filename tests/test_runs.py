@@ -79,3 +79,20 @@ def test_skip_last_leaves_out_an_asynchronous_runs_lone_training(tmp_path):
     assert steady["seconds_per_iteration"] == 52.0 and steady["iterations_used"] == 2
     _write_metrics(tmp_path / "two", [{"iteration": i, "time/iteration": 10.0 * i} for i in (1, 2)])
     assert summarise_run(tmp_path / "two", skip_last=True)["seconds_per_iteration"] == 20.0  # one is all there is
+
+
+def test_checkpoints_after_an_iteration_can_be_dropped(tmp_path):
+    """An edge that joins a resumed fleet after iteration k drops its own later checkpoints (another past)."""
+    from splitrl.runs import RunLog, checkpoint_iterations
+
+    log = RunLog(tmp_path / "run")
+    for i in (3, 4, 5, 6):
+        log.checkpoint("stage0", i, {"i": i})
+    log.checkpoint("stage1", 6, {"i": 6})
+    log.drop_checkpoints_after("stage0", 4)
+    assert checkpoint_iterations(tmp_path / "run", "stage0") == [3, 4]
+    assert checkpoint_iterations(tmp_path / "run", "stage1") == [6]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
+        "stage0-iter00003.pt", "stage0-iter00003.pt.sha256", "stage0-iter00004.pt", "stage0-iter00004.pt.sha256",
+        "stage1-iter00006.pt", "stage1-iter00006.pt.sha256"]
+    log.close()

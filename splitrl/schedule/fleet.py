@@ -306,12 +306,15 @@ class Roster:
             self.alive[g] = True
 
     def resume(self, ours: Sequence[int]) -> int:
-        """A resumed fleet, once started: the newest iteration stage1 (``ours``: its checkpoints) and every edge
-        in have a checkpoint of (0: none), sent to each (``resume``); an edge that does not resume (no
-        ``checkpoints`` in its hello, or not a list of ints) is dropped as `lose` does (the run ends if too
-        few are left). Edges answer their hellos first and only then learn the point: each may hold a
-        checkpoint the others lack (one interrupted while it wrote it)."""
-        common = set(ours)
+        """A resumed fleet, once started: the iteration it goes on after, sent to each edge (``resume``).
+
+        That is the newest of stage1's checkpoints (``ours``) that at least ``min_edges`` of the edges in hold
+        (0 when stage1 has none). Edges answer their hellos first and learn the point only now: an edge may
+        lack the newest (interrupted while it wrote it) or hold only old ones (one dropped earlier in the run,
+        whose directory stopped there). An edge without the point, or whose hello has no ``checkpoints``
+        (started without --resume), is dropped as `lose` does; no such point at all is a `HandshakeError`
+        rather than a silent start from scratch."""
+        held: dict[int, set[int]] = {}
         for g in self.live():
             theirs = self.hellos.get(g, {}).get("checkpoints")
             if theirs is None:
@@ -321,8 +324,17 @@ class Roster:
                 self.lose(g, ProtocolError(f"hello: expected edge {g}'s checkpoint iterations as a list of ints, "
                                            f"got {peer_repr(theirs)}"))
             else:
-                common &= set(theirs)
-        iteration = max(common, default=0)
+                held[g] = set(theirs)
+        iteration = max((i for i in ours if sum(i in mine for mine in held.values()) >= self.min_edges), default=0)
+        if ours and not iteration:
+            raise HandshakeError(f"no iteration that stage1 (checkpoints of {sorted(ours)}) and at least "
+                                 f"{self.min_edges} edges hold a checkpoint of (the edges': "
+                                 + "; ".join(f"edge {g}: {sorted(mine) or 'none'}" for g, mine in held.items()) + ")")
+        for g, mine in held.items():
+            if iteration and iteration not in mine:
+                self.lose(g, HandshakeError(f"edge {g} has no checkpoint of iteration {iteration}, where the fleet "
+                                            f"resumes (it has {sorted(mine) or 'none'}): start it without --resume "
+                                            "in a fresh run directory to join after an iteration"))
         for g in self.live():
             self.send(g, "resume", header={"iteration": iteration})
         return iteration

@@ -201,7 +201,11 @@ def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, sta
             edge.join(state, join_after)
             log.info("[stage0] joined the fleet after its iteration %d", join_after)
         if resume and join_after:
-            resume = False  # it joined the running fleet with another edge's encoder: its own checkpoints are past
+            # It joined the running fleet with another edge's encoder: its own records and checkpoints after the
+            # join are of another past; they go, and the run goes on appending from the join.
+            resume = False
+            truncate_logs(edge.run_log.dir, join_after)
+            edge.run_log.drop_checkpoints_after(STAGE0, join_after)
             log.info("[stage0] its own checkpoints are not used: it joined the fleet after iteration %d", join_after)
         if resume:
             iteration = _resume_point(hello, ours)

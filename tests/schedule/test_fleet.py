@@ -12,7 +12,7 @@ from splitrl.runs import load_checkpoint
 from splitrl.schedule import session
 from splitrl.settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
 from splitrl.stages import Edge, Learner
-from splitrl.transport import Message
+from splitrl.transport import Message, PeerAbort
 from splitrl.transport.endpoints import slot_endpoint
 
 from .test_schedules import TWO_ENVS, _twin
@@ -109,6 +109,28 @@ def test_a_resumed_fleet_starts_from_the_newest_iteration_stage1_and_every_edge_
     roster.hellos[1] = {}
     with pytest.raises(Exception, match="does not resume"):
         roster.resume([4, 5])
+
+
+def test_a_stale_edge_does_not_send_a_resumed_fleet_back_to_the_start():
+    """An edge dropped earlier in the run kept only old checkpoints: the fleet goes on from the newest point
+    --min-edges of them hold, without it; no such point is an error, not a silent start from scratch."""
+    from splitrl.schedule.fleet import Roster
+    from splitrl.transport.local import LocalTransport
+
+    pairs = [LocalTransport.pair("stage1", "stage0", timeout=5) for _ in range(3)]
+    roster = Roster([a for a, _ in pairs], {}, min_edges=2)
+    roster.alive = [True, True, True]
+    roster.hellos = {0: {"checkpoints": [99, 100]}, 1: {"checkpoints": [99, 100]}, 2: {"checkpoints": [4, 5]}}
+    assert roster.resume([99, 100]) == 100
+    assert roster.alive == [True, True, False]
+    assert [pairs[g][1].recv(timeout=1).header for g in (0, 1)] == [{"iteration": 100}] * 2
+    with pytest.raises(PeerAbort, match="edge 2 has no checkpoint of iteration 100"):
+        pairs[2][1].recv(timeout=1)
+    roster = Roster([a for a, _ in pairs[:2]], {})
+    roster.alive = [True, True]
+    roster.hellos = {0: {"checkpoints": [4, 5]}, 1: {"checkpoints": []}}
+    with pytest.raises(Exception, match="no iteration that stage1"):
+        roster.resume([99, 100])
 
 
 def test_an_edge_holds_its_share_of_the_fleets_samples():
