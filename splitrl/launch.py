@@ -199,23 +199,22 @@ def supervise(
 
 
 def launch_split(stage_args: Sequence[str], run_dir: str, *, endpoint: str | None = None,
-                 grace: float = STOP_GRACE_S, edges: int = 1) -> int:
+                 grace: float = STOP_GRACE_S, edges: int = 1, resume: bool = False) -> int:
     """Start ``splitrl stage1`` and ``splitrl stage0`` as two processes over loopback; stop both on any exit path.
 
     ``stage_args`` go to both (the settings' argv, ``--run-dir run_dir`` included); ``endpoint``:
     where stage1 binds and stage0 connects (default: free loopback tcp ports). A fleet (``edges`` > 1)
     starts a stage0 per edge, edge k with ``--edge-id k`` and the run directory ``run_dir/edge-k`` (resumed
-    from there when ``stage_args`` resume). Returns the first non-zero exit code, else 0.
+    from there with ``resume``). Returns the first non-zero exit code, else 0.
     """
     endpoint = endpoint or f"tcp://127.0.0.1:{free_port(count=2 * edges)}"
     base = [sys.executable, "-m", "splitrl"]
-    resuming = any(a == "--resume" and b for a, b in zip(stage_args, stage_args[1:]))
     edge_args: list[list[str]] = [[]]
     if edges > 1:
         edge_args = []
         for k in range(edges):
             edge_dir = os.path.join(run_dir, f"edge-{k}")
-            edge_args.append(["--edge-id", str(k), "--run-dir", edge_dir, *(["--resume", edge_dir] if resuming else [])])
+            edge_args.append(["--edge-id", str(k), "--run-dir", edge_dir, *(["--resume", edge_dir] if resume else [])])
     procs = [subprocess.Popen(base + ["stage1", "--bind", endpoint, *stage_args])]
     procs += [subprocess.Popen(base + ["stage0", "--connect", endpoint, *stage_args, *extra]) for extra in edge_args]
     with contextlib.suppress(KeyboardInterrupt):  # all are stopped either way; their exit codes say how

@@ -140,18 +140,19 @@ class RunLog:
                                   f"intact") from None
         if self.keep:
             for old in checkpoint_iterations(self.dir, stage)[:-self.keep]:
-                for leftover in (checkpoint_path(self.dir, stage, old),
-                                 checkpoint_path(self.dir, stage, old).with_suffix(".pt.sha256")):
-                    leftover.unlink(missing_ok=True)
+                self._remove(stage, old)
         return path
 
     def drop_checkpoints_after(self, stage: str, iteration: int) -> None:
         """Remove ``stage``'s checkpoints of iterations after ``iteration`` (with their checksum files)."""
         for later in checkpoint_iterations(self.dir, stage):
             if later > iteration:
-                path = checkpoint_path(self.dir, stage, later)
-                for each in (path, path.with_name(path.name + ".sha256")):
-                    each.unlink(missing_ok=True)
+                self._remove(stage, later)
+
+    def _remove(self, stage: str, iteration: int) -> None:
+        path = checkpoint_path(self.dir, stage, iteration)
+        for each in (path, path.with_suffix(".pt.sha256")):
+            each.unlink(missing_ok=True)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

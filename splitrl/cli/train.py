@@ -56,7 +56,8 @@ def run(settings: TrainSettings, options: RunOptions, endpoint: str | None) -> N
 
     def go() -> int:
         stage_args, run_dir = stage_argv(settings, options)
-        return launch_split(stage_args, run_dir, endpoint=endpoint, edges=settings.schedule.edges)
+        return launch_split(stage_args, run_dir, endpoint=endpoint, edges=settings.schedule.edges,
+                            resume=bool(options.resume))
 
     sys.exit(run_cli(go))
 

@@ -171,10 +171,8 @@ def encode(
     Tensor frames are zero-copy views of contiguous tensors: the caller must not
     modify a tensor until the frames have been sent.
     """
-    if type(kind) is not str or kind not in _CHECKED_KINDS:
-        if not isinstance(kind, str) or not _KIND_RE.match(kind):
-            raise ValueError(f"message kind must match {_KIND_RE.pattern!r}, got {kind!r}")
-        _checked(_CHECKED_KINDS, kind)
+    if not _well_formed(_CHECKED_KINDS, _KIND_RE, kind):
+        raise ValueError(f"message kind must match {_KIND_RE.pattern!r}, got {kind!r}")
     if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= _MAX_SEQ:
         raise ValueError(f"sequence number must be an int in [0, 2**63), got {seq!r}")
     if sid is not None and not (_is_int(sid) and 0 < sid <= MAX_SESSION_ID):
@@ -191,10 +189,8 @@ def encode(
     specs: list[list[Any]] = []
     frames: list[Any] = [b""]
     for index, (name, tensor) in enumerate((tensors or {}).items(), start=1):
-        if type(name) is not str or name not in _CHECKED_NAMES:
-            if not isinstance(name, str) or not _NAME_RE.match(name):
-                raise ValueError(f"tensor name must match {_NAME_RE.pattern!r}, got {name!r}")
-            _checked(_CHECKED_NAMES, name)
+        if not _well_formed(_CHECKED_NAMES, _NAME_RE, name):
+            raise ValueError(f"tensor name must match {_NAME_RE.pattern!r}, got {name!r}")
         spec, buffer = _tensor_frame(name, tensor)
         specs.append(spec + [index])
         frames.append(buffer)
@@ -215,10 +211,16 @@ instead of a pattern match per message. Each holds at most `_CHECKED_MAX`."""
 _CHECKED_MAX = 4096
 
 
-def _checked(known: set[str], name: str) -> None:
+def _well_formed(known: set[str], pattern: re.Pattern[str], name: Any) -> bool:
+    """Whether ``name`` is a str matching ``pattern``: a set lookup once ``known`` holds it."""
+    if type(name) is str and name in known:
+        return True
+    if not isinstance(name, str) or not pattern.match(name):
+        return False
     # Plain str only: a subclass's own __eq__ or __hash__ could later stand in for a name never checked.
     if type(name) is str and len(known) < _CHECKED_MAX:  # a peer that invents names cannot grow this unbounded
         known.add(name)
+    return True
 
 
 def _fail(what: str, expected: str, got: Any) -> ProtocolError:
@@ -317,10 +319,8 @@ def decode(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> Message:
     if version != PROTOCOL_VERSION or not _is_int(version):
         raise _fail("protocol version", str(PROTOCOL_VERSION), version)
     kind = obj["k"]
-    if type(kind) is not str or kind not in _CHECKED_KINDS:
-        if not isinstance(kind, str) or not _KIND_RE.match(kind):
-            raise _fail("message kind", f"a name matching {_KIND_RE.pattern}", kind)
-        _checked(_CHECKED_KINDS, kind)
+    if not _well_formed(_CHECKED_KINDS, _KIND_RE, kind):
+        raise _fail("message kind", f"a name matching {_KIND_RE.pattern}", kind)
     if limits.kinds is not None and kind not in limits.kinds and kind not in _RESERVED_KINDS:
         raise _fail("message kind", f"one of {sorted(limits.kinds | _RESERVED_KINDS)}", kind)
     seq = obj["s"]
@@ -348,10 +348,8 @@ def decode(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> Message:
         if not isinstance(spec, list) or len(spec) != 4:
             raise _fail(f"tensor #{index}", "[name, dtype, shape, frame]", spec)
         name, dtype_name, shape, frame_index = spec
-        if type(name) is not str or name not in _CHECKED_NAMES:
-            if not isinstance(name, str) or not _NAME_RE.match(name):
-                raise _fail(f"tensor #{index} name", f"a name matching {_NAME_RE.pattern}", name)
-            _checked(_CHECKED_NAMES, name)
+        if not _well_formed(_CHECKED_NAMES, _NAME_RE, name):
+            raise _fail(f"tensor #{index} name", f"a name matching {_NAME_RE.pattern}", name)
         where = name
         if name in tensors:
             raise _fail(f"tensor {where!r}", "a unique name", "a duplicate")
