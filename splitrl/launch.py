@@ -199,13 +199,14 @@ def supervise(
 
 
 def launch_split(stage_args: Sequence[str], run_dir: str, *, endpoint: str | None = None,
-                 grace: float = STOP_GRACE_S, edges: int = 1, resume: bool = False) -> int:
+                 grace: float = STOP_GRACE_S, edges: int = 1, resume: bool = False, learners: int = 1) -> int:
     """Start ``splitrl stage1`` and ``splitrl stage0`` as two processes over loopback; stop both on any exit path.
 
     ``stage_args`` go to both (the settings' argv, ``--run-dir run_dir`` included); ``endpoint``:
     where stage1 binds and stage0 connects (default: free loopback tcp ports). A fleet (``edges`` > 1)
     starts a stage0 per edge, edge k with ``--edge-id k`` and the run directory ``run_dir/edge-k`` (resumed
-    from there with ``resume``). Returns the first non-zero exit code, else 0.
+    from there with ``resume``). ``learners`` > 1: stage1 as that many learner processes, started by torchrun
+    (``--standalone``: its rendezvous on a free local port). Returns the first non-zero exit code, else 0.
     """
     endpoint = endpoint or f"tcp://127.0.0.1:{free_port(count=2 * edges)}"
     base = [sys.executable, "-m", "splitrl"]
@@ -215,7 +216,9 @@ def launch_split(stage_args: Sequence[str], run_dir: str, *, endpoint: str | Non
         for k in range(edges):
             edge_dir = os.path.join(run_dir, f"edge-{k}")
             edge_args.append(["--edge-id", str(k), "--run-dir", edge_dir, *(["--resume", edge_dir] if resume else [])])
-    procs = [subprocess.Popen(base + ["stage1", "--bind", endpoint, *stage_args])]
+    learner = base if learners == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                          "--nproc-per-node", str(learners), "-m", "splitrl"]
+    procs = [subprocess.Popen(learner + ["stage1", "--bind", endpoint, *stage_args])]
     procs += [subprocess.Popen(base + ["stage0", "--connect", endpoint, *stage_args, *extra]) for extra in edge_args]
     with contextlib.suppress(KeyboardInterrupt):  # all are stopped either way; their exit codes say how
         supervise(procs, grace=grace, on_interrupt=lambda: log.info(

@@ -536,6 +536,17 @@ class TrainSettings:
                             f"(ids 0 .. {self.schedule.edges - 1})")
         if options is not None and options.min_edges > self.schedule.edges:
             problems.append(f"--min-edges {options.min_edges}: the fleet has --edges {self.schedule.edges}")
+        if options is not None and options.learners > 1:
+            if self.schedule.edges < options.learners:
+                problems.append(f"--learners {options.learners} serve a fleet of at least as many edges, got --edges "
+                                f"{self.schedule.edges}")
+            if options.min_edges not in (0, self.schedule.edges) or options.rejoin:
+                problems.append("--min-edges and --rejoin work with one learner (--learners 1): across learners an "
+                                "edge lost ends the run")
+            if self.cut == "input" or self.bottleneck_train == "autoencoder":
+                problems.append("--learners > 1 needs the samples' features to stay with each learner's edges: not "
+                                "--cut input (stage1 would train alone on every edge's frames) nor --bottleneck-train "
+                                "autoencoder (its fit would see one learner's samples)")
         if options is not None and self.schedule.edges > 1:
             if options.transport != "zmq":
                 problems.append(f"--edges > 1 runs over --transport zmq only, got {options.transport}")
@@ -626,6 +637,10 @@ class RunOptions:
                                "N edges act as 1 edge in N groups, bit for bit), or milliseconds (e.g. 2): edges go "
                                "at their own pace, and each edge's actions are drawn from a generator of its own step, "
                                "so the run does not depend on who came when", link=True)
+    learners: int = doc(1, "stage1 of a fleet as this many data-parallel learner processes (torch.distributed, "
+                           "gloo), each serving --edges / LEARNERS of the edges and all holding the same heads: "
+                           "`splitrl run` starts them with torchrun; a stage1 started by `torchrun --nproc-per-node "
+                           "LEARNERS -m splitrl stage1` is told by torchrun", link=True)
     edge_id: int = doc(-1, "stage0 of a fleet (--edges > 1): which edge this is, 0 .. edges - 1 (stage1's port pair "
                            "PORT + 2 x ID); -1: the first one free", link=True)
     eval_every: int = doc(0, "stage0: score the policy every N iterations (and after the last) on --eval-episodes "
@@ -679,6 +694,8 @@ class RunOptions:
             out.append(f"--vector must be one of {', '.join(VECTOR_MODES)}, got {self.vector!r}")
         if self.min_edges < 0:
             out.append(f"--min-edges must be >= 0, got {self.min_edges}")
+        if self.learners < 1:
+            out.append(f"--learners must be >= 1, got {self.learners}")
         if self.edge_id < -1:
             out.append(f"--edge-id must be >= 0 (or -1: the first free), got {self.edge_id}")
         if self.eval_every < 0:

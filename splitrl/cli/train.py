@@ -57,7 +57,7 @@ def run(settings: TrainSettings, options: RunOptions, endpoint: str | None) -> N
     def go() -> int:
         stage_args, run_dir = stage_argv(settings, options)
         return launch_split(stage_args, run_dir, endpoint=endpoint, edges=settings.schedule.edges,
-                            resume=bool(options.resume))
+                            resume=bool(options.resume), learners=options.learners)
 
     sys.exit(run_cli(go))
 

@@ -3,7 +3,7 @@
 from .buffer import RolloutBuffer, minibatch_schedule, shuffled_minibatches
 from .distributions import LOG_STD_MAX, LOG_STD_MIN, Categorical, TanhGaussian, clamp_log_std
 from .gae import compute_gae
-from .losses import anneal, explained_variance, ppo_loss
+from .losses import LOSS_STATS, anneal, explained_variance, ppo_loss
 
 __all__ = [
     "compute_gae",
@@ -12,6 +12,7 @@ __all__ = [
     "LOG_STD_MIN",
     "LOG_STD_MAX",
     "clamp_log_std",
+    "LOSS_STATS",
     "ppo_loss",
     "explained_variance",
     "anneal",

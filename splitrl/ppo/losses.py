@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["ppo_loss", "explained_variance"]
+__all__ = ["LOSS_STATS", "ppo_loss", "explained_variance"]
+
+LOSS_STATS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/old_approx_kl",
+              "losses/clipfrac")
+"""The statistics `ppo_loss` returns, in its order."""
 
 
 def ppo_loss(
@@ -23,8 +27,7 @@ def ppo_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Return ``(loss, stats)`` for one minibatch; all inputs are (M,).
 
-    ``stats`` holds python floats under 'losses/policy_loss', 'losses/value_loss',
-    'losses/entropy', 'losses/approx_kl', 'losses/old_approx_kl', 'losses/clipfrac'.
+    ``stats`` holds python floats under the keys of `LOSS_STATS`.
     With ``norm_adv`` the minibatch needs M >= 2 (std of one sample is NaN).
     """
     new_values = new_values.reshape(-1)
@@ -56,14 +59,8 @@ def ppo_loss(
     entropy_loss = entropy.mean()
     loss = pg_loss - ent_coef * entropy_loss + v_loss * vf_coef
 
-    stats = {
-        "losses/policy_loss": pg_loss.item(),
-        "losses/value_loss": v_loss.item(),
-        "losses/entropy": entropy_loss.item(),
-        "losses/approx_kl": approx_kl.item(),
-        "losses/old_approx_kl": old_approx_kl.item(),
-        "losses/clipfrac": clipfrac.item(),
-    }
+    stats = dict(zip(LOSS_STATS, (pg_loss.item(), v_loss.item(), entropy_loss.item(), approx_kl.item(),
+                                  old_approx_kl.item(), clipfrac.item())))
     return loss, stats
 
 

@@ -42,6 +42,7 @@ import torch
 from ..runs import RunLog
 from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..stages.evaluate import Evaluation
+from ..stages.learners import Learners
 from ..stages.protocol import STAGE0, STAGE1
 from ..transport import Message, PeerAbort, PeerGone, ProtocolError, Transport, TransportTimeout
 from ..transport.base import Watch
@@ -147,11 +148,17 @@ class Roster:
     is answered (`admit`) and given another edge's encoder (`welcome`): it joins for the next iteration.
     With fewer than ``min_edges`` edges stage1 waits there up to ``rejoin`` seconds for edges to come,
     and without them (or with none left) the failure ends the run.
+
+    One of several learners (`splitrl.stages.learners`) serves a part of the fleet: edges ``first`` ..
+    ``first + len(links) - 1`` of ``total`` (``links[g]`` is edge ``first + g``'s place).
     """
 
     def __init__(self, links: Sequence[Transport], shared: dict[str, Any], min_edges: int = 0,
-                 rejoin: float = 0.0) -> None:
+                 rejoin: float = 0.0, first: int = 0, total: int = 0,
+                 learners: Learners | None = None) -> None:
         self.links = list(links)
+        self.first, self.total = first, total or len(self.links)
+        self.learners = learners or Learners()
         self.shared = shared
         """The fleet's settings as the handshake compares them."""
         self.alive = [False] * len(self.links)
@@ -178,15 +185,15 @@ class Roster:
         left = sum(self.alive) - 1
         if left == 0 or (left < self.min_edges and not self.rejoin):
             if self.min_edges < len(self.links):
-                raise type(exc)(f"{exc} (edge {g}; {left} of {len(self.links)} edges left, fewer than "
-                                f"--min-edges {self.min_edges})") from exc
+                raise type(exc)(f"{exc} (edge {self.first + g}; {left} of {len(self.links)} edges left, fewer "
+                                f"than --min-edges {self.min_edges})") from exc
             raise exc
         self.alive[g] = False
         self.dropped += 1
-        log.warning("[stage1] edge %d dropped (%s: %s); training goes on with %d of %d edges", g,
+        log.warning("[stage1] edge %d dropped (%s: %s); training goes on with %d of %d edges", self.first + g,
                     type(exc).__name__, exc, left, len(self.links))
         if not isinstance(exc, PeerGone):  # it may still hear; a gone one's successor must not
-            self.links[g].abort(f"stage1 dropped edge {g} from the fleet: {type(exc).__name__}: {exc}")
+            self.links[g].abort(f"stage1 dropped edge {self.first + g} from the fleet: {type(exc).__name__}: {exc}")
         self.links[g].new_session()  # a stage0 that comes to this place next is a new edge
 
     def expect(self, g: int, kind: str, **header: Any) -> Message | None:
@@ -238,8 +245,13 @@ class Roster:
             self.lose(g, exc)
 
     def members(self, idx: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
-        """The samples ``idx`` (``owner``: each one's edge) of edges still in the fleet."""
-        return idx if all(self.alive) else idx[torch.tensor(self.alive)[owner]]
+        """The samples ``idx`` (``owner``: each one's edge) of edges still in the fleet (another learner's edges
+        are: one it loses ends the run)."""
+        if all(self.alive):
+            return idx
+        alive = [True] * self.total
+        alive[self.first:self.first + len(self.links)] = self.alive
+        return idx[torch.tensor(alive)[owner]]
 
     def link(self, g: int) -> "_RosterLink":
         return _RosterLink(self, g)
@@ -271,7 +283,7 @@ class Roster:
                 keepalive = now + KEEPALIVE
 
     def _refuse(self, g: int, why: str) -> None:
-        log.warning("[stage1] edge %d's place: %s", g, why)
+        log.warning("[stage1] edge %d's place: %s", self.first + g, why)
         self.links[g].abort(f"stage1 did not take this edge: {why}")
         self.links[g].new_session()
 
@@ -281,9 +293,9 @@ class Roster:
         try:
             hello = answer_hello(link, STAGE1, STAGE0, self.shared, timeout=POLL,
                                  extra={**self.answer_extra, "join_after": iteration}, reply_timeout=link.timeout)
-            if hello.get("edge") != g:
-                raise HandshakeError(f"{link.peer}: edge {g}'s place, taken by a stage0 that says it is edge "
-                                     f"{peer_repr(hello.get('edge'))}")
+            if hello.get("edge") != self.first + g:
+                raise HandshakeError(f"{link.peer}: edge {self.first + g}'s place, taken by a stage0 that says it "
+                                     f"is edge {peer_repr(hello.get('edge'))}")
         except TransportTimeout as exc:
             if link.session is not None:  # the hello came, the answer could not leave
                 self._refuse(g, f"could not answer its hello: {exc}")
@@ -292,7 +304,7 @@ class Roster:
             self._refuse(g, f"refused a stage0: {exc}")
             return False
         self.hellos[g] = hello
-        log.info("[stage1] edge %d of %d connected%s", g, len(self.links),
+        log.info("[stage1] edge %d of %d connected%s", self.first + g, self.total,
                  f" (joins after iteration {iteration})" if iteration else "")
         return True
 
@@ -309,32 +321,34 @@ class Roster:
         """A resumed fleet, once started: the iteration it goes on after, sent to each edge (``resume``).
 
         That is the newest of stage1's checkpoints (``ours``) that at least ``min_edges`` of the edges in hold
-        (0 when stage1 has none). Edges answer their hellos first and learn the point only now: an edge may
-        lack the newest (interrupted while it wrote it) or hold only old ones (one dropped earlier in the run,
-        whose directory stopped there). An edge without the point, or whose hello has no ``checkpoints``
+        (0 when stage1 has none); of several learners, the newest such that every learner has. Edges answer their
+        hellos first and learn the point only now: an edge may lack the newest (interrupted while it wrote it) or
+        hold only old ones (one dropped earlier in the run, whose directory stopped there). An edge without the point, or whose hello has no ``checkpoints``
         (started without --resume), is dropped as `lose` does; no such point at all is a `HandshakeError`
         rather than a silent start from scratch."""
         held: dict[int, set[int]] = {}
         for g in self.live():
             theirs = self.hellos.get(g, {}).get("checkpoints")
             if theirs is None:
-                self.lose(g, HandshakeError(f"edge {g} does not resume: the fleet continues a run, so start every "
-                                            "edge with --resume RUN_DIR (its own run directory) too"))
+                self.lose(g, HandshakeError(f"edge {self.first + g} does not resume: the fleet continues a run, so "
+                                            "start every edge with --resume RUN_DIR (its own run directory) too"))
             elif not isinstance(theirs, list) or not all(type(i) is int for i in theirs):
-                self.lose(g, ProtocolError(f"hello: expected edge {g}'s checkpoint iterations as a list of ints, "
-                                           f"got {peer_repr(theirs)}"))
+                self.lose(g, ProtocolError(f"hello: expected edge {self.first + g}'s checkpoint iterations as a "
+                                           f"list of ints, got {peer_repr(theirs)}"))
             else:
                 held[g] = set(theirs)
-        iteration = max((i for i in ours if sum(i in mine for mine in held.values()) >= self.min_edges), default=0)
+        iteration = self.learners.newest_common(
+            (i for i in ours if sum(i in mine for mine in held.values()) >= self.min_edges))
         if ours and not iteration:
             raise HandshakeError(f"no iteration that stage1 (checkpoints of {sorted(ours)}) and at least "
                                  f"{self.min_edges} edges hold a checkpoint of (the edges': "
-                                 + "; ".join(f"edge {g}: {sorted(mine) or 'none'}" for g, mine in held.items()) + ")")
+                                 + "; ".join(f"edge {self.first + g}: {sorted(mine) or 'none'}"
+                                             for g, mine in held.items()) + ")")
         for g, mine in held.items():
             if iteration and iteration not in mine:
-                self.lose(g, HandshakeError(f"edge {g} has no checkpoint of iteration {iteration}, where the fleet "
-                                            f"resumes (it has {sorted(mine) or 'none'}): start it without --resume "
-                                            "in a fresh run directory to join after an iteration"))
+                self.lose(g, HandshakeError(f"edge {self.first + g} has no checkpoint of iteration {iteration}, where "
+                                            f"the fleet resumes (it has {sorted(mine) or 'none'}): start it without "
+                                            "--resume in a fresh run directory to join after an iteration"))
         for g in self.live():
             self.send(g, "resume", header={"iteration": iteration})
         return iteration
@@ -374,17 +388,19 @@ class _RosterLink:
 
 def _rollout_in_lock_step(learner: Learner, roster: Roster, busy: PhaseClock, per_edge: int) -> None:
     """Step t of every edge, one forward of the heads for all of them, each edge its actions; then t + 1. The
-    actions are drawn in edge order from one generator: what 1 edge with every edge's envs in groups draws."""
+    actions are drawn in edge order from one generator: what 1 edge with every edge's envs in groups draws (of
+    several learners, each edge's from its own step's generator, as `_rollout_as_they_come` draws)."""
     for t in range(learner.settings.ppo.num_steps):
         steps = roster.gather("step", t=t)
         with busy("heads"):
-            replies = learner.act_groups([(g, t, msg) for g, msg in steps])
+            replies = learner.act_groups([(roster.first + g, t, msg) for g, msg in steps],
+                                         order_free=not learner.learners.alone)
         learner.stats["fleet/act_batch_mean"].append(float(len(steps) * per_edge))
         for (g, _), (tensors, header) in zip(steps, replies):
             roster.send(g, "action", tensors, {**header, "t": t})
     for g, msg in roster.gather("rollout_end"):
         with busy("heads"):
-            learner.end_rollout(msg, g)
+            learner.end_rollout(msg, roster.first + g)
 
 
 LIVENESS_EVERY = 0.1
@@ -411,12 +427,12 @@ def _rollout_as_they_come(learner: Learner, roster: Roster, busy: PhaseClock, pe
                 msg = roster.expect(g, "step", t=t)
                 if msg is not None:
                     first = now if not pending else first
-                    pending[g] = (g, t, msg)
+                    pending[g] = (roster.first + g, t, msg)
             else:
                 msg = roster.expect(g, "rollout_end")
                 if msg is not None:
                     with busy("heads"):
-                        learner.end_rollout(msg, g)
+                        learner.end_rollout(msg, roster.first + g)
                     del todo[g]
         now = time.monotonic()
         if now >= looked + LIVENESS_EVERY:  # the edges that have not sent: gone, or silent too long?
@@ -427,12 +443,12 @@ def _rollout_as_they_come(learner: Learner, roster: Roster, busy: PhaseClock, pe
             del todo[g]
             pending.pop(g, None)
         if pending and (len(pending) == len(todo) or now >= first + wait):
-            batch = list(pending.values())
+            batch = list(pending.items())
             with busy("heads"):
-                replies = learner.act_groups(batch, order_free=True)
+                replies = learner.act_groups([step for _, step in batch], order_free=True)
             learner.stats["fleet/act_batch_mean"].append(float(len(batch) * per_edge))
             now = time.monotonic()
-            for (g, t, _), (tensors, header) in zip(batch, replies):
+            for (g, (_, t, _)), (tensors, header) in zip(batch, replies):
                 roster.send(g, "action", tensors, {**header, "t": t})
                 todo[g], heard[g] = t + 1, now
             pending.clear()
@@ -445,9 +461,9 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run
     (`TrainSettings.fleet_view`), edge g's envs its group g, whether or not edge g is there.
     ``act_wait``: None, the rollout in lock step; seconds, as the edges come (`_rollout_as_they_come`)."""
     s = learner.settings
-    edges = len(roster.links)
-    per_edge = s.env.num_envs // edges
-    learner.set_groups(edges)
+    per_edge = s.env.num_envs // roster.total
+    learner.set_groups(roster.total)
+    ours = torch.cat([learner.group_rows[roster.first + g] for g in range(len(roster.links))])
     sync = s.schedule.parsed_encoder_sync()
     for iteration in range(learner.train_iteration + 1, s.num_iterations + 1):
         busy = PhaseClock()
@@ -461,6 +477,7 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run
             _rollout_as_they_come(learner, roster, busy, per_edge, act_wait)
         with busy("heads"):
             rollout = learner.rollout_summary()
+            learner.learners.merge_rollout(learner, ours)  # several learners: every learner's samples
             schedule = learner.begin_training(iteration)  # GAE over the fleet's samples
 
         # -- training: each edge's share of a minibatch, one step; the encoder's gradients summed --
@@ -471,7 +488,8 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run
                     owner = idx % s.env.num_envs // per_edge
                     # Every share's features first, so the minibatch's members are known before any loss.
                     shares = [(g, share, roster.expect(g, "train_fwd", epoch=epoch, mb=mb))
-                              for g, share in ((g, idx[owner == g]) for g in roster.live()) if len(share)]
+                              for g, share in ((g, idx[owner == roster.first + g]) for g in roster.live())
+                              if len(share)]
                     members = roster.members(idx, owner)
                     for g, share, msg in shares:
                         if msg is None or not roster.alive[g]:
@@ -505,7 +523,7 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run
         if iteration < s.num_iterations and roster.free():
             waited = roster.rejoin if len(ends) < roster.min_edges else 0.0
             joiners = roster.admit(iteration, waited)
-        learner.stats["fleet/edges"].append(float(len(ends)))
+        learner.stats["fleet/edges"].append(float(learner.learners.sum_count(len(ends))))
         learner.stats["fleet/dropped"].append(float(roster.dropped))
         learner.stats["fleet/joined"].append(float(roster.joined))  # joins of this iteration's end count next
         source = next((g for g, _ in ends if roster.alive[g]), None)  # gives a joiner its encoder

@@ -30,6 +30,7 @@ from ..runs import (RunLog, check_fresh, checkpoint_iterations, default_run_dir,
 from ..settings import RunOptions, SettingsError, TrainSettings
 from ..stages import LIMITS, STAGE0, STAGE1, Edge, Learner, edge_exchange, learner_exchange
 from ..stages.evaluate import Evaluation
+from ..stages.learners import Learners, edge_range
 from ..transport import PeerAbort, PeerGone, ProtocolError, TcpTransport, Transport, TransportTimeout, ZmqTransport
 from ..transport.curve import client_keys, server_keys
 from ..transport.endpoints import is_local, slot_endpoint
@@ -331,14 +332,15 @@ def run_stage0(settings: TrainSettings, options: RunOptions, connect: str) -> li
 
 def serve_fleet(learner: Learner, links: list[Transport], settings: TrainSettings, run_log: RunLog | None = None, *,
                 start_timeout: float | None = None, min_edges: int = 0, rejoin: float = 0.0,
-                act_wait: float | None = None, resume: bool = False) -> int:
-    """Stage1 of a fleet: the edges' hellos (edge g on ``links[g]``; all of them, or ``min_edges``), then
+                act_wait: float | None = None, resume: bool = False, first: int = 0) -> int:
+    """Stage1 of a fleet: the edges' hellos (edge first + g on ``links[g]``; all of them, or ``min_edges``), then
     `fleet.stage1_loop` until they close (`fleet.Roster`: edges that fail are dropped, edges that come join).
     ``resume``: from the newest iteration stage1 and every edge that came have a checkpoint of
-    (`Roster.resume`)."""
+    (`Roster.resume`). Of several learners (``learner.learners``), this one serves the edges from ``first``."""
     try:
         exchange = learner_exchange(learner)
-        roster = fleet.Roster(links, settings.shared(), min_edges, rejoin)
+        roster = fleet.Roster(links, settings.shared(), min_edges, rejoin, first=first,
+                              total=settings.schedule.edges, learners=learner.learners)
         ours = checkpoint_iterations(run_log.dir, STAGE1) if resume and run_log is not None else []
         if resume:
             roster.answer_extra = {"checkpoints": ours}
@@ -360,26 +362,54 @@ def serve_fleet(learner: Learner, links: list[Transport], settings: TrainSetting
     return served
 
 
-def run_fleet_stage1(settings: TrainSettings, options: RunOptions, bind: str, spec: EnvSpec, run_log: RunLog) -> int:
+def run_fleet_stage1(settings: TrainSettings, options: RunOptions, bind: str, spec: EnvSpec, run_log: RunLog,
+                     learners: Learners) -> int:
     learner = make_learner(settings, spec)
+    learner.learners = learners
+    ids = edge_range(settings.schedule.edges, learners.world, learners.rank)
     links: list[Transport] = []
     try:
-        for g in range(settings.schedule.edges):
-            links.append(open_link(options, slot_endpoint(bind, g), bind=True, peer=f"edge {g}"))
-        log.info("[stage1] listening for %d edges on %s (edge g: port + 2g)", len(links), links[0].endpoint)
+        for k in ids:
+            links.append(open_link(options, slot_endpoint(bind, k), bind=True, peer=f"edge {k}"))
+        log.info("[stage1] listening for %s on %s (edge k: port + 2k)", f"{len(links)} edges" if learners.alone else
+                 f"edges {ids.start} .. {ids.stop - 1} of {settings.schedule.edges}", links[0].endpoint)
         return serve_fleet(learner, links, settings, run_log, start_timeout=options.start_timeout,
                            min_edges=options.min_edges, rejoin=options.rejoin,
-                           act_wait=options.act_wait_seconds(), resume=bool(options.resume))
+                           act_wait=options.act_wait_seconds(), resume=bool(options.resume), first=ids.start)
     finally:
         for link in links:
             link.close()
 
 
+def join_learners(settings: TrainSettings, options: RunOptions) -> tuple[Learners, RunOptions]:
+    """This stage1's place among the learners ``torchrun`` started (one learner without it), and its options: a
+    learner r > 0 keeps its run in RUN_DIR/learner-r (each learner checkpoints the heads it holds, the same on
+    every learner, and resumes from its own directory)."""
+    learners = Learners.from_environment(options.start_timeout + 2 * options.timeout, options.learners)
+    if learners.alone:
+        return learners, options
+    options = dataclasses.replace(options, learners=learners.world)  # checked with the settings (`prepare`)
+    try:
+        learners.agree([settings.shared(), bool(options.resume), options.transport], "their settings")
+    except BaseException:
+        learners.close()
+        raise
+    if learners.rank:
+        own = f"learner-{learners.rank}"
+        options = dataclasses.replace(options, run_dir=str(Path(options.run_dir or options.resume) / own) if (
+            options.run_dir or options.resume) else "", resume=str(Path(options.resume) / own) if options.resume else "")
+    return learners, options
+
+
 def run_stage1(settings: TrainSettings, options: RunOptions, bind: str) -> int:
     check_exposure(options, bind, bind=True)
-    spec, run_log = prepare(settings, options, STAGE1)
-    if settings.schedule.edges > 1:
-        return run_fleet_stage1(settings, options, bind, spec, run_log)
+    learners, options = join_learners(settings, options)
+    try:
+        spec, run_log = prepare(settings, options, STAGE1)
+        if settings.schedule.edges > 1 or not learners.alone:
+            return run_fleet_stage1(settings, options, bind, spec, run_log, learners)
+    finally:
+        learners.close()
     learner = make_learner(settings, spec)
     with open_link(options, bind, bind=True, peer="stage0") as link:
         log.info("[stage1] listening on %s (%s)", link.endpoint, options.transport)

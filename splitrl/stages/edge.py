@@ -69,8 +69,9 @@ class Edge:
         self.offset, self.total_envs = edge * settings.env.num_envs, settings.total_envs
         self.joined_after = 0
         """A fleet's late edge: the iteration after which it joined (`join`); 0 for the others."""
-        self.joined_weights: dict[str, torch.Tensor] | None = None
-        """A fleet's late edge: the encoder it joined with (`join`), the first view it averages against."""
+        self.agreed_weights: dict[str, torch.Tensor] | None = None
+        """The first view a fleet's edge averages against where it is not the encoder built from the seed: the
+        one a late edge joined with (`join`), the one a resumed edge last agreed on (`load_state_dict`)."""
         self.encoder_average: WeightSync | None = None
         """``--encoder-sync avg``: the encoder as the fleet last agreed on it (`encoder_change`, `take_average`)."""
         self.vector = choose_vector(vector, settings.env.num_envs)
@@ -325,7 +326,7 @@ class Edge:
         avg``), through the dense codec ``mode``."""
         if self.encoder_average is None:  # the fleet agreed on the encoder built from the seed, or the one joined
             start = agent(self.settings, self.spec)[0]
-            agreed = self.joined_weights or {ENCODER_PREFIX + n: p for n, p in start.named_parameters()}
+            agreed = self.agreed_weights or {ENCODER_PREFIX + n: p for n, p in start.named_parameters()}
             self.encoder_average = WeightSync(agreed.items(), mode, "encoder average")
         return self.encoder_average.delta((ENCODER_PREFIX + n, p) for n, p in self.net.named_parameters())
 
@@ -374,7 +375,7 @@ class Edge:
         self.train_iteration = self.iteration = iteration
         self.global_step = global_step
         self.joined_after = iteration
-        self.joined_weights = {ENCODER_PREFIX + n: p.detach().clone() for n, p in self.net.named_parameters()}
+        self.agreed_weights = {ENCODER_PREFIX + n: p.detach().clone() for n, p in self.net.named_parameters()}
 
     def take_average(self, msg: Message) -> None:
         """Stage1's mean of the edges' changes (``encoder_avg``): every edge's encoder becomes the same."""
@@ -405,6 +406,7 @@ class Edge:
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
             "codecs": self.codecs.state_dict("fwd", "bwd"),
             "rollout": rollout["resume"],
+            **({"encoder_average": dict(self.encoder_average.view)} if self.encoder_average is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -417,5 +419,7 @@ class Edge:
         self.global_step, self.ema_return = rollout["global_step"], rollout["ema_return"]
         self.codecs.load_state_dict({**state["codecs"], **rollout["codecs"]})
         self.saved_envs = rollout["envs"]
+        if "encoder_average" in state:  # --encoder-sync avg: go on averaging against what the fleet last agreed on
+            self.agreed_weights, self.encoder_average = state["encoder_average"], None
         if self.acting is not self.net:
             self.acting, self.acting_version = copy.deepcopy(self.net).requires_grad_(False), self.train_iteration

@@ -29,11 +29,12 @@ from torch import nn
 from ..codecs import CodecError, CodecSet, Context
 from ..envs import EnvSpec
 from ..models import ActorCriticHeads, agent
-from ..ppo import RolloutBuffer, anneal, explained_variance, minibatch_schedule, ppo_loss
+from ..ppo import LOSS_STATS, RolloutBuffer, anneal, explained_variance, minibatch_schedule, ppo_loss
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
 from .autoencoder import Autoencoder, sampled, unpack_sample
 from .budget import TRAINING, LinkBudget, switch
+from .learners import Learners
 from .protocol import ENCODER_PREFIX, Payload, tensor
 from .weights import WeightSync
 
@@ -89,7 +90,7 @@ class Learner:
         self.trains_alone = not any(True for _ in stage0_net.parameters())
         self.encoder_start = {ENCODER_PREFIX + name: p.detach().clone() for name, p in stage0_net.named_parameters()}
         """The layers before the cut as built from the seed, named as a fleet's edges send their gradients
-        (`sum_gradients`) or weights (`average_encoders`)."""
+        (`sum_gradients`) or weights (`average_encoders`); a resumed fleet's as it last agreed on them."""
         self.encoder_average: WeightSync | None = None
         self.feature_dim = self.heads.input_dim
         """The width of the features at the cut."""
@@ -123,6 +124,8 @@ class Learner:
         """The statistics of the minibatch being taken in parts, weighted by each part's share so far."""
         self.rollout_stats: dict[str, float] = {}
         """Statistics of the rollout being trained on, taken when its training begins."""
+        self.learners = Learners()
+        """The other learners this one trains in step with (several stage1 processes of a fleet), if any."""
 
     def set_groups(self, groups: int) -> None:
         """Expect the envs in ``groups`` equal groups that step in turn (stage0's ``plan``)."""
@@ -401,18 +404,23 @@ class Learner:
         return loss * share
 
     def _minibatch_done(self) -> None:
-        """The statistics of a minibatch taken in parts, as one entry (each is linear in the samples)."""
-        for key, v in self._parts.items():
+        """The statistics of a minibatch taken in parts, as one entry (each is linear in the samples; summed over
+        the learners)."""
+        for key, v in self.learners.sum_stats(self._parts, LOSS_STATS).items():
             self.stats[key].append(v)
         self._parts.clear()
 
     def sum_gradients(self, msgs: list[Message]) -> dict[str, torch.Tensor]:
-        """A fleet's encoder gradients (each edge's ``encoder_grad``), added up in edge order."""
+        """A fleet's encoder gradients (each edge's ``encoder_grad``), added up in edge order (then over the
+        learners)."""
         total: dict[str, torch.Tensor] = {}
         for msg in msgs:
             for name, start in self.encoder_start.items():
                 grad = tensor(msg, name, tuple(start.shape), torch.float32)
                 total[name] = grad.clone() if name not in total else total[name].add_(grad)
+        if not self.learners.alone:
+            total = {name: total.get(name, torch.zeros_like(start)) for name, start in self.encoder_start.items()}
+            self.learners.sum_(list(total.values()))
         return total
 
     def average_encoders(self, msgs: list[Message], mode: str) -> dict[str, torch.Tensor]:
@@ -428,10 +436,15 @@ class Learner:
                     total[name] = change if name not in total else total[name].add_(change)
             except CodecError as exc:
                 raise ProtocolError(f"{msg.kind}: {exc}") from None
-        return sync.encode({name: sync.view[name] + change / len(msgs) for name, change in total.items()})
+        count = self.learners.sum_count(len(msgs))
+        if not self.learners.alone:
+            total = {name: total.get(name, torch.zeros_like(start)) for name, start in self.encoder_start.items()}
+            self.learners.sum_(list(total.values()))
+        return sync.encode({name: sync.view[name] + change / count for name, change in total.items()})
 
     def optimizer_step(self) -> None:
         self._minibatch_done()
+        self.learners.sum_gradients(self.params)
         nn.utils.clip_grad_norm_(self.params, self.settings.ppo.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -480,7 +493,8 @@ class Learner:
         return {"iteration": self.train_iteration, "heads": self.heads.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "codecs": self.codecs.state_dict("fwd", "bwd"),
                 "rollout": rollout,
-                **({"autoencoder": self.autoencoder.state_dict()} if self.autoencoder is not None else {})}
+                **({"autoencoder": self.autoencoder.state_dict()} if self.autoencoder is not None else {}),
+                **({"encoder_average": dict(self.encoder_average.view)} if self.encoder_average is not None else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go on from a checkpoint (`state_dict`)."""
@@ -492,6 +506,8 @@ class Learner:
         self.codecs.load_state_dict({**state["codecs"], **rollout["codecs"]})
         if self.autoencoder is not None:
             self.autoencoder.load_state_dict(state["autoencoder"])
+        if "encoder_average" in state:  # --encoder-sync avg: the view the edges average against
+            self.encoder_start, self.encoder_average = dict(state["encoder_average"]), None
         if self.acting is not self.heads:
             self.acting_version = self.train_iteration
             self.acting = copy.deepcopy(self.heads).requires_grad_(False)
