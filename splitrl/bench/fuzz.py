@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import msgpack
-import torch
 
 from ..schedule import session
 from ..settings import EnvSettings, PPOSettings, RunOptions, TrainSettings

@@ -339,7 +339,10 @@ class Roster:
                 held[g] = set(theirs)
         iteration = self.learners.newest_common(
             (i for i in ours if sum(i in mine for mine in held.values()) >= self.min_edges))
-        if ours and not iteration:
+        if not iteration and self.learners.sum_count(len(ours)):  # any learner's: none starts again from 0
+            if not ours:
+                raise HandshakeError("another learner holds checkpoints and this one none: resume every learner "
+                                     "from its own directory of the same run (learner r > 0: RUN_DIR/learner-r)")
             raise HandshakeError(f"no iteration that stage1 (checkpoints of {sorted(ours)}) and at least "
                                  f"{self.min_edges} edges hold a checkpoint of (the edges': "
                                  + "; ".join(f"edge {self.first + g}: {sorted(mine) or 'none'}"
@@ -361,7 +364,8 @@ class Roster:
         for g in joiners:
             try:
                 if msg is None:
-                    raise PeerGone(f"edge {source}, whose encoder it was to start from, is gone; start again")
+                    raise PeerGone(f"edge {self.first + source}, whose encoder it was to start from, is gone; "
+                                   "start again")
                 self.links[g].send("encoder_state", dict(msg.tensors), dict(msg.header))
             except LINK_ERRORS as exc:
                 self._refuse(g, f"could not join: {exc}")
@@ -516,8 +520,8 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run
                 if stop:
                     break
 
-        # -- iteration end (with the cut before the first layer, stage1 trains now) ------
         # -- iteration end; edges that wait at free places join (below --min-edges, stage1 waits for them) --
+        learner.learners.same_weights(learner.heads, f"their heads after training iteration {iteration}")
         ends = roster.gather("iter_end", iteration=iteration)
         joiners, waited = [], 0.0
         if iteration < s.num_iterations and roster.free():

@@ -32,7 +32,6 @@ schedule (`asynchronous.py`) runs the same ones on two threads.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import deque
 from typing import Any, Callable

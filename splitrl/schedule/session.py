@@ -374,7 +374,8 @@ def run_fleet_stage1(settings: TrainSettings, options: RunOptions, bind: str, sp
         log.info("[stage1] listening for %s on %s (edge k: port + 2k)", f"{len(links)} edges" if learners.alone else
                  f"edges {ids.start} .. {ids.stop - 1} of {settings.schedule.edges}", links[0].endpoint)
         return serve_fleet(learner, links, settings, run_log, start_timeout=options.start_timeout,
-                           min_edges=options.min_edges, rejoin=options.rejoin,
+                           min_edges=options.min_edges if learners.alone else 0,  # 0: all of this one's edges
+                           rejoin=options.rejoin,
                            act_wait=options.act_wait_seconds(), resume=bool(options.resume), first=ids.start)
     finally:
         for link in links:
@@ -385,7 +386,14 @@ def join_learners(settings: TrainSettings, options: RunOptions) -> tuple[Learner
     """This stage1's place among the learners ``torchrun`` started (one learner without it), and its options: a
     learner r > 0 keeps its run in RUN_DIR/learner-r (each learner checkpoints the heads it holds, the same on
     every learner, and resumes from its own directory)."""
-    learners = Learners.from_environment(options.start_timeout + 2 * options.timeout, options.learners)
+    base = options.resume or options.run_dir
+    if Learners.world_size(options.learners) > 1 and not base:  # each would choose runs/<time>-<env>, alike or not
+        raise SettingsError("several learners need --run-dir RUN_DIR (or --resume RUN_DIR): learner 0 keeps its run "
+                            "there, learner r > 0 in RUN_DIR/learner-r")
+    # The learners meet after every rollout: one may wait for another's slowest edge, each of whose steps may
+    # take --timeout. So an exchange waits at most what a rollout and a minibatch can take.
+    learners = Learners.from_environment(options.start_timeout + (settings.ppo.num_steps + 2) * options.timeout,
+                                         options.learners)
     if learners.alone:
         return learners, options
     options = dataclasses.replace(options, learners=learners.world)  # checked with the settings (`prepare`)
@@ -395,9 +403,8 @@ def join_learners(settings: TrainSettings, options: RunOptions) -> tuple[Learner
         learners.close()
         raise
     if learners.rank:
-        own = f"learner-{learners.rank}"
-        options = dataclasses.replace(options, run_dir=str(Path(options.run_dir or options.resume) / own) if (
-            options.run_dir or options.resume) else "", resume=str(Path(options.resume) / own) if options.resume else "")
+        own = str(Path(base) / f"learner-{learners.rank}")
+        options = dataclasses.replace(options, run_dir=own, resume=own if options.resume else "")
     return learners, options
 
 

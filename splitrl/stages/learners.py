@@ -15,7 +15,8 @@ TCP between the learners) carries what they must agree on, and nothing else:
 - the edges' encoder: ``--encoder-sync grad`` sums the edges' gradients on each learner, then across them;
   ``avg`` sums their changes and counts them across learners before the mean (item 3 of the fleet, over
   every learner's edges);
-- at the start: the same settings and the iteration a resumed fleet goes on after (`agree`, `newest_common`).
+- at the start: the same settings and the iteration a resumed fleet goes on after (`agree`, `newest_common`);
+  after each iteration, a digest of the heads (`same_weights`: learners that drifted apart stop).
 
 The actions are drawn per edge and step (`Learner.step_generator`, as ``--act-wait`` does): what one learner
 draws for an edge does not depend on which learner serves it. With two learners each sum has two terms, and
@@ -57,12 +58,10 @@ class Learners:
     def __init__(self, rank: int = 0, world: int = 1) -> None:
         self.rank, self.world = rank, world
 
-    @classmethod
-    def from_environment(cls, timeout: float, expected: int = 1) -> "Learners":
-        """One learner, or, in a process ``torchrun`` started (``WORLD_SIZE`` > 1 in the environment), this
-        learner's place after joining the others (gloo; the rendezvous ``torchrun`` set up). ``timeout``: seconds
-        any exchange between the learners may wait for the slowest before the run fails. ``expected``: the
-        learners ``--learners`` asks for (1: as many as torchrun started)."""
+    @staticmethod
+    def world_size(expected: int = 1) -> int:
+        """How many learners ``torchrun`` started (``WORLD_SIZE`` in the environment; 1 without torchrun);
+        ``expected``: the learners ``--learners`` asks for (1: as many as torchrun started)."""
         try:
             world = int(os.environ.get("WORLD_SIZE", "1") or 1)
         except ValueError:
@@ -72,7 +71,14 @@ class Learners:
             raise SettingsError(f"--learners {expected}: start stage1 with `torchrun --nproc-per-node {expected} -m "
                                 f"splitrl stage1 ...` (or `splitrl run --learners {expected}`); this process is one "
                                 f"of {world}")
-        if world <= 1:
+        return world
+
+    @classmethod
+    def from_environment(cls, timeout: float, expected: int = 1) -> "Learners":
+        """One learner, or, in a process ``torchrun`` started (`world_size` > 1), this learner's place after
+        joining the others (gloo; the rendezvous ``torchrun`` set up). ``timeout``: seconds any exchange between
+        the learners may wait for the slowest before the run fails."""
+        if cls.world_size(expected) <= 1:
             return cls()
         import torch.distributed as dist
 
@@ -156,6 +162,17 @@ class Learners:
         if int(low) != int(high):
             raise SettingsError(f"the {self.world} learners differ in {what}: start every learner with the same "
                                 "options (torchrun gives each the same command line)")
+
+    def same_weights(self, module: torch.nn.Module, what: str) -> None:
+        """`agree` on a digest of ``module``'s parameters and buffers: learners whose copies drifted apart (which the
+        summed steps should never let happen) stop, rather than train on as different learners."""
+        if self.alone:
+            return
+        digest = hashlib.sha256()
+        for name, t in module.state_dict().items():
+            digest.update(name.encode())
+            digest.update(t.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+        self.agree(digest.hexdigest(), what)
 
     def newest_common(self, held: Iterable[int]) -> int:
         """The newest iteration (>= 1) that every learner has in ``held``; 0 if none."""

@@ -43,7 +43,7 @@ def test_two_learners_of_an_edge_each_train_bit_for_bit_as_one_learner_of_both(t
     args = [*ONE_ENV_EACH, "--edges", "2", *LINK]
     code, out = spawn("run", "--run-dir", str(one), "--act-wait", "60000", *args).finish(timeout=300)
     assert code == 0, out
-    code, out = spawn("run", "--run-dir", str(two), "--learners", "2", *args).finish(timeout=300)
+    code, out = spawn("run", "--run-dir", str(two), "--learners", "2", "--min-edges", "2", *args).finish(timeout=300)
     assert code == 0, out
     assert "learner 0 of 2" in out and "learner 1 of 2" in out
     assert "edges 0 .. 0 of 2" in out and "edges 1 .. 1 of 2" in out
@@ -110,7 +110,9 @@ def test_a_learner_that_dies_stops_the_other_learners_and_every_edge(tmp_path):
         pids = _learner_pids(tag)
         assert sorted(pids) == [0, 1], pids
         os.kill(pids[1], signal.SIGKILL)
+        killed = time.monotonic()
         code = proc.wait(timeout=120)
+        took = time.monotonic() - killed
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -121,7 +123,10 @@ def test_a_learner_that_dies_stops_the_other_learners_and_every_edge(tmp_path):
     codes = out.rsplit("run directory:", 1)[1]
     assert "stage1 exit 0" not in codes and ", 0" not in codes, codes  # nobody finished as if nothing happened
     lines = (run / "edge-0" / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) < 200  # it stopped well before the run's end
+    assert len(lines) < 20  # of 100: it stopped when the learner died
+    # Not the learners' own timeout (--start-timeout + (num_steps + 2) x --timeout = 740 s here): torchrun stops
+    # learner 0, whose edge is told; learner 1's edge notices its link gone (--heartbeat 2).
+    assert took < 60, took
 
 
 # -- the collectives, in two processes of gloo ----------------------------------------------------------------
@@ -149,6 +154,33 @@ def _collectives(rank: int, init: str, results) -> None:
             out["differ"] = None
         except SettingsError as exc:
             out["differ"] = str(exc)
+        heads = torch.nn.Linear(3, 2)
+        torch.nn.init.constant_(heads.weight, 1.0)
+        torch.nn.init.constant_(heads.bias, float(rank))
+        try:
+            learners.same_weights(heads, "the heads")
+            out["drift"] = None
+        except SettingsError as exc:
+            out["drift"] = str(exc)
+        # A resumed fleet where learner 1 lost its checkpoints: both refuse, and no edge is told to start over.
+        from splitrl.schedule.fleet import Roster
+        from splitrl.transport.local import LocalTransport
+
+        stage1, edge = LocalTransport.pair("stage1", "stage0", timeout=5)
+        roster = Roster([stage1], {}, first=rank, total=2, learners=learners)
+        roster.alive = [True]
+        roster.hellos = {0: {"checkpoints": [1, 2]}}
+        try:
+            roster.resume([1, 2] if rank == 0 else [])
+            out["resume"] = None
+        except Exception as exc:
+            out["resume"] = f"{type(exc).__name__}: {exc}"
+        from splitrl.transport import TransportTimeout
+
+        try:
+            out["told"] = edge.recv(timeout=0.2).kind
+        except TransportTimeout:
+            out["told"] = None
         results[rank] = out
     finally:
         dist.destroy_process_group()
@@ -173,6 +205,10 @@ def test_the_learners_collectives_sum_count_and_agree(tmp_path):
         assert out["count"] == 5
         assert out["common"] == 2 and out["nothing"] == 0
         assert "the 2 learners differ in the settings" in out["differ"]
+        assert "the 2 learners differ in the heads" in out["drift"]
+        assert out["resume"].startswith("HandshakeError") and out["told"] is None  # no edge told to start over
+    assert "no iteration that stage1" in results[0]["resume"]
+    assert "another learner holds checkpoints and this one none" in results[1]["resume"]
 
 
 def test_one_learner_does_nothing_across_learners():
@@ -207,3 +243,12 @@ def test_a_stage1_that_asks_for_learners_torchrun_did_not_start_says_how(monkeyp
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(SettingsError, match="torchrun --nproc-per-node 2"):
         Learners.from_environment(10.0, expected=2)
+
+
+def test_several_learners_without_a_run_directory_are_refused_before_they_meet(monkeypatch):
+    """Each would choose runs/<time>-<env> by itself; refused before any rendezvous (nothing to wait for)."""
+    from splitrl.schedule.session import join_learners
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SettingsError, match="several learners need --run-dir"):
+        join_learners(TrainSettings(schedule=ScheduleSettings(edges=2)), RunOptions())
