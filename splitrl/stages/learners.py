@@ -13,8 +13,8 @@ TCP between the learners) carries what they must agree on, and nothing else:
   whole minibatch as one learner would (`Learner.loss`); the heads' gradients and the loss statistics are
   summed (`sum_`) before the one optimizer step each learner takes: the same step everywhere;
 - the edges' encoder: ``--encoder-sync grad`` sums the edges' gradients on each learner, then across them;
-  ``avg`` sums their changes and counts them across learners before the mean (item 3 of the fleet, over
-  every learner's edges);
+  ``avg`` sums their changes and counts them across learners before the mean: one encoder over every
+  learner's edges;
 - at the start: the same settings and the iteration a resumed fleet goes on after (`agree`, `newest_common`);
   after each iteration, a digest of the heads (`same_weights`: learners that drifted apart stop).
 
