@@ -1,0 +1,10 @@
+"""`python -m splitrl.bench.learners_bench`: the learners' all-reduce, timed in real gloo processes."""
+
+from splitrl.bench.learners_bench import allreduce_times
+
+
+def test_the_heads_all_reduce_is_timed_and_its_bytes_counted():
+    r = allreduce_times(learners=2, repeats=2)
+    assert r["params"] > 4_000_000 and r["minibatches"] == 320  # the paper's heads and 10 epochs x 32
+    assert 0 < r["median_s"] and r["per_iteration_s"] == r["median_s"] * 320
+    assert r["mb_per_iteration"] == r["params"] * 4 * 320 / 1e6  # two learners: each sends the tensor once
