@@ -319,26 +319,55 @@ def _mean(records: Sequence[dict[str, Any]], key: str) -> float | None:
     return sum(values) / len(values)
 
 
+EMA_DECAY = 0.9
+"""The paper smooths episodic returns with an EMA of this decay, one update per episode (stage0 keeps it,
+`splitrl.stages.Edge`; a fleet's summary recomputes it over every edge's episodes)."""
+
+
+def fleet_edges(run_dir: str | Path) -> list[Path]:
+    """A fleet's run directory (`splitrl run --edges N`: stage1's, with RUN_DIR/edge-K for each edge's records):
+    its edges' directories, in order; [] for any other run directory."""
+    path = Path(run_dir)
+    if (path / "metrics.jsonl").exists() or not (path / "edge-0" / "metrics.jsonl").exists():
+        return []
+    edges = []
+    while (path / f"edge-{len(edges)}" / "metrics.jsonl").exists():
+        edges.append(path / f"edge-{len(edges)}")
+    return edges
+
+
 def summarise_run(
     run_dir: str | Path, last_episodes: int = 20, upto: int | None = None, *, skip_first: bool = True,
     skip_last: bool = False,
 ) -> dict[str, Any]:
-    """One run directory in numbers: totals as of its last iteration, means per iteration, returns.
+    """One run directory in numbers: totals as of its last iteration, means per iteration, returns. A fleet's
+    (`fleet_edges`): the bytes of every edge's link; the returns of every edge's episodes.
 
     ``upto``: as of the end of that iteration (to compare runs of different lengths).
     The per-iteration means (``*_per_iteration``, ``steps_per_second``) are over
     `measured_records`. A mean of a metric some iteration lacks is None.
     """
-    records = [r for r in read_metrics(run_dir) if upto is None or r["iteration"] <= upto]
+    edges = fleet_edges(run_dir)
+    first = edges[0] if edges else run_dir  # a fleet's iterations and times: edge 0's
+    records = [r for r in read_metrics(first) if upto is None or r["iteration"] <= upto]
     if not records:
-        raise ValueError(f"{run_dir}: metrics.jsonl has no iterations")
+        raise ValueError(f"{first}: metrics.jsonl has no iterations")
     last = records[-1]
     used = measured_records(records, skip_first, skip_last)
     total = link_bytes(last)
     steps = last.get("global_step")
-    episodes = [e for e in read_episodes(run_dir) if e["iteration"] <= last["iteration"]]
+    episodes = [e for e in read_episodes(first) if e["iteration"] <= last["iteration"]]
+    final_ema = last.get("charts/episodic_return_ema")
+    if edges:  # every edge's link and episodes; the EMA over the fleet's episodes, as one edge of all envs takes it
+        lasts = [next(r for r in reversed(read_metrics(d)) if r["iteration"] <= last["iteration"]) for d in edges]
+        total = sum(link_bytes(r) for r in lasts)
+        episodes = sorted((e for d in edges for e in read_episodes(d) if e["iteration"] <= last["iteration"]),
+                          key=lambda e: (e["global_step"], e["env"]))
+        final_ema = None
+        for e in episodes:
+            final_ema = e["return"] if final_ema is None else EMA_DECAY * final_ema + (1 - EMA_DECAY) * e["return"]
     tail = [e["return"] for e in episodes[-last_episodes:]]
-    settings = run_settings(run_dir)
+    settings = run_settings(first)
     codecs = settings.get("codecs", {})
     return {
         "run": Path(run_dir).name,
@@ -355,7 +384,7 @@ def summarise_run(
         "seconds_per_iteration": _mean(used, "time/iteration"),
         "steps_per_second": _mean(used, "charts/SPS"),
         "link_wait_per_iteration": sum(r.get("time/link_wait", 0.0) for r in used) / len(used),
-        "final_ema": last.get("charts/episodic_return_ema"),
+        "final_ema": final_ema,
         "last_episodes_mean": sum(tail) / len(tail) if tail else None,
         "wall_seconds": wall_seconds(records),
     }

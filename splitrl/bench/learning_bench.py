@@ -76,6 +76,11 @@ CONFIGS: dict[str, list[str]] = {
     "bf16-async": ["--codec-rollout", "bf16", "--codec-fwd", "bf16", "--codec-bwd", "bf16", "--num-envs", "4",
                    "--num-steps", "1024", "--rollout-groups", "4", "--microbatches", "2", "--vector", "async",
                    "--async"],
+    # A fleet of 4 edges x 1 env x 1024 steps whose encoders are averaged every 8 minibatches (int8 changes,
+    # docs/PROTOCOL.md section 15), against bf16-pipelined: the same 4 envs x 1024 steps as one edge, which
+    # `--encoder-sync grad` equals up to float sums.
+    "fleet-bf16-avg": ["--codec-rollout", "bf16", "--codec-fwd", "bf16", "--codec-bwd", "bf16", "--edges", "4",
+                       "--num-envs", "1", "--num-steps", "1024", "--encoder-sync", "avg:every=8,sync=int8"],
 }
 """The paper's (fp32 features, sparse gradients after a 30,000-step warm start), the
 bf16 reference of the 20x target, ours, and the cloud setup as the honest competitor."""
@@ -89,7 +94,8 @@ def run_learning_comparison(names: Sequence[str], total_steps: int, out_dir: Pat
         run_dir = out_dir / name
         command = [sys.executable, "-m", "splitrl", "run", "--total-steps", str(total_steps),
                    "--run-dir", str(run_dir), *CONFIGS[name], *extra_args]
-        with progress(run_dir, total_steps // 4096, name):
+        records = run_dir / "edge-0" if "--edges" in CONFIGS[name] else run_dir  # a fleet's: edge 0's
+        with progress(records, total_steps // 4096, name):
             result = subprocess.run(command, timeout=timeout)
         if result.returncode != 0:
             raise RuntimeError(f"{name}: `{' '.join(command)}` exited {result.returncode}")

@@ -104,7 +104,7 @@ def bench_codecs(num_steps: int, epochs: int, minibatches: int, from_run: str | 
               help="configurations to run (repeatable; default: all). Known: fp32, bf16, paper-p90, paper-p99, "
                    "ours, ours-zero-fwd, ours-ef6, ours-exact-fwd, ours-replica, ours-replica-sync, cloud-frames, "
                    "ours-bottleneck, ours-autoencoder, ours-bottleneck-128, pipelined, async, bf16-pipelined, "
-                   "bf16-async")
+                   "bf16-async, fleet-bf16-avg")
 @click.option("--iterations", default=25, show_default=True, help="PPO iterations of 4096 steps per run")
 @click.option("--out", "out_dir", default="runs/learning-comparison", show_default=True,
               type=click.Path(file_okay=False), help="one run directory per configuration goes here")

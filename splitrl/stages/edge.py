@@ -32,7 +32,7 @@ from ..codecs import CodecError, CodecSet, Context
 from ..envs import EnvSpec, choose_vector, make_vector_env, restore_vector_env, to_chw, vector_env_state
 from ..models import agent
 from ..ppo import anneal, minibatch_schedule
-from ..runs import RunLog
+from ..runs import EMA_DECAY, RunLog
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
 from ..transport.errors import peer_repr
@@ -47,9 +47,6 @@ log = logging.getLogger(__name__)
 
 JOIN_SEED_STRIDE = 1_000_003
 """How far a late edge's env seeds move per iteration it joined after (far beyond any fleet's env count)."""
-
-EMA_DECAY = 0.9
-"""The paper smooths episodic returns with an EMA of this decay, one update per episode."""
 
 
 class Edge:

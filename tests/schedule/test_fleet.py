@@ -8,7 +8,7 @@ import torch
 
 from splitrl.envs import inspect_env
 from splitrl.launch import free_port
-from splitrl.runs import load_checkpoint
+from splitrl.runs import load_checkpoint, summarise_run
 from splitrl.schedule import session
 from splitrl.settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
 from splitrl.stages import Edge, Learner
@@ -39,12 +39,12 @@ def test_two_edges_of_one_env_train_as_one_edge_of_two_envs_in_two_groups(tmp_pa
     fleet = tmp_path / "fleet"
     args = [*ONE_ENV_EACH, "--edges", "2", "--cut", cut, *LINK]
     s1 = spawn("stage1", "--bind", f"tcp://127.0.0.1:{port}", "--run-dir", str(fleet), *args)
-    edges = [spawn("stage0", "--connect", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / f"edge{k}"), *args)
+    edges = [spawn("stage0", "--connect", f"tcp://127.0.0.1:{port}", "--run-dir", str(fleet / f"edge-{k}"), *args)
              for k in range(2)]
     outs = [edge.finish(timeout=300) for edge in edges]
     code1, out1 = s1.finish(timeout=30)
     assert all(code == 0 for code, _ in outs) and code1 == 0, "\n".join(out for _, out in outs) + out1
-    ids = sorted(json.loads((tmp_path / f"edge{k}" / "metrics.jsonl").read_text().splitlines()[0])["fleet/edge"]
+    ids = sorted(json.loads((fleet / f"edge-{k}" / "metrics.jsonl").read_text().splitlines()[0])["fleet/edge"]
                  for k in range(2))
     assert ids == [0, 1]  # each took a place of its own
     twin = tmp_path / "twin"
@@ -54,18 +54,23 @@ def test_two_edges_of_one_env_train_as_one_edge_of_two_envs_in_two_groups(tmp_pa
     assert all(_close(heads[name], twin_heads[name]) for name in twin_heads)
     assert not torch.equal(heads["critic.0.weight"], load_checkpoint(fleet, "stage1", 1)["heads"]["critic.0.weight"])
     if cut == "cnn":
-        nets = [load_checkpoint(tmp_path / f"edge{k}", "stage0", 2)["net"] for k in range(2)]
+        nets = [load_checkpoint(fleet / f"edge-{k}", "stage0", 2)["net"] for k in range(2)]
         twin_net = load_checkpoint(twin, "stage0", 2)["net"]
         assert all(torch.equal(nets[0][name], nets[1][name]) for name in twin_net)  # one encoder
         assert all(_close(nets[0][name], twin_net[name]) for name in twin_net)
-    for row, twin_row in zip(_rows(tmp_path / "edge0" / "metrics.jsonl"), _rows(twin / "metrics.jsonl"), strict=True):
+    for row, twin_row in zip(_rows(fleet / "edge-0" / "metrics.jsonl"), _rows(twin / "metrics.jsonl"), strict=True):
         assert row["global_step"] == twin_row["global_step"]
         for key in ("losses/policy_loss", "losses/value_loss", "losses/approx_kl", "losses/explained_variance"):
             assert row[key] == pytest.approx(twin_row[key], rel=1e-3, abs=1e-7), key
         assert row["fleet/act_batch_mean"] == 2.0  # one forward of the heads for both edges
     episodes = sorted((e["env"], e["length"], e["iteration"]) for k in range(2)
-                      for e in _rows(tmp_path / f"edge{k}" / "episodes.jsonl"))
+                      for e in _rows(fleet / f"edge-{k}" / "episodes.jsonl"))
     assert episodes == sorted((e["env"], e["length"], e["iteration"]) for e in _rows(twin / "episodes.jsonl"))
+    # The fleet's summary (`splitrl bench learning`): the EMA over every edge's episodes, in the twin's order.
+    ours, theirs = summarise_run(fleet), summarise_run(twin)
+    assert ours["final_ema"] == pytest.approx(theirs["final_ema"], rel=1e-3)
+    assert ours["last_episodes_mean"] == pytest.approx(theirs["last_episodes_mean"], rel=1e-3)
+    assert ours["iterations"] == theirs["iterations"] == 2
 
 
 def test_a_fleet_run_resumed_ends_bit_for_bit_where_it_would_have(tmp_path, spawn):
