@@ -66,3 +66,26 @@ def test_the_learning_table_of_a_directory_lists_every_run_in_it(tmp_path):
     assert rows == ["bf16", "bf16-seed1", "ours-bottleneck-seed2"]  # the known configurations first, then by name
     result = _run("bench", "learning", "--table-only", "--out", str(tmp_path), "--config", "bf16")
     assert [line.split("|")[1].strip() for line in result.output.splitlines()[2:]] == ["bf16"]
+
+
+def test_a_fleets_row_counts_every_edges_bytes_and_episodes(tmp_path):
+    """A fleet's run directory holds its edges' records (RUN_DIR/edge-K): the row's bytes are every edge's link's,
+    its EMA the one over every edge's episodes in the order one edge of all the envs would finish them."""
+    import json
+
+    fleet = tmp_path / "fleet-bf16-avg"
+    episodes = {0: [(10, 0, 100.0), (30, 0, 300.0)], 1: [(20, 1, 200.0)]}  # (global_step, env, return) each
+    for k in (0, 1):
+        (fleet / f"edge-{k}").mkdir(parents=True)
+        (fleet / f"edge-{k}" / "metrics.jsonl").write_text(json.dumps(
+            {"iteration": 1, "global_step": 64, "time/iteration": 8.0, "time/total": 9.0,
+             "charts/episodic_return_ema": 0.0, "net_total/step/sent_bytes": 64 * (k + 1)}) + "\n")
+        (fleet / f"edge-{k}" / "episodes.jsonl").write_text("".join(
+            json.dumps({"global_step": g, "iteration": 1, "env": e, "return": r, "length": 10}) + "\n"
+            for g, e, r in episodes[k]))
+    result = _run("bench", "learning", "--table-only", "--by-kind", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    cells = [c.strip() for c in result.output.splitlines()[2].split("|")]
+    ema = 0.9 * (0.9 * 100.0 + 0.1 * 200.0) + 0.1 * 300.0  # 100, then 200 (edge 1), then 300
+    assert cells[1] == "fleet-bf16-avg" and cells[6] == "3" and cells[8] == f"{ema:.1f}" and cells[9] == "200.0"
+    assert "| fleet-bf16-avg | 3.0 |" in result.output  # bytes per env step by kind: step, both edges
