@@ -9,44 +9,48 @@
 # One stage1 checkpoint of the paper's network is about 50 MB (heads and Adam moments, float32): keep only
 # runs that will be continued. `scripts/paper_length.sh` copies such a run back and goes on with --resume.
 #
-# A fleet's run directory (`splitrl run --edges N`: stage1's, each edge's in SRC/edge-K) is kept as a whole: the
-# newest iteration stage1 and every edge hold a checkpoint of.
+# A fleet's run directory (`splitrl run --edges N`: stage1's, each edge's in SRC/edge-K, with --learners L each
+# learner r > 0's in SRC/learner-r) is kept as a whole: the newest iteration every stage holds a checkpoint of.
 set -euo pipefail
 checkpoints=1
 if [[ "${1:-}" == --no-checkpoints ]]; then checkpoints=0; shift; fi
 [[ $# == 2 ]] || { echo "usage: $0 [--no-checkpoints] SRC DEST" >&2; exit 2; }
 src=$1 dest=$2
-edges=()
-if [[ ! -f "$src/metrics.jsonl" && -f "$src/edge-0/metrics.jsonl" ]]; then
-    while [[ -f "$src/edge-${#edges[@]}/metrics.jsonl" ]]; do edges+=("edge-${#edges[@]}"); done
+edges=() learners=()
+if [[ ! -f "$src/metrics.jsonl" ]]; then
+    for d in "$src"/edge-*/; do [[ -f "$d/metrics.jsonl" ]] && edges+=("$(basename "$d")"); done
+    for d in "$src"/learner-*/; do [[ -d "$d" ]] && learners+=("$(basename "$d")"); done
 fi
 [[ -f "$src/metrics.jsonl" || ${#edges[@]} -gt 0 ]] || { echo "$src: no metrics.jsonl (not a run directory?)" >&2; exit 1; }
 rm -rf "$dest"
 mkdir -p "$dest"
-for dir in "" "${edges[@]}"; do
+for dir in "" "${edges[@]}" "${learners[@]}"; do
     mkdir -p "$dest/$dir"
     for f in "$src/$dir"/*; do
         [[ -f "$f" ]] && cp -p "$f" "$dest/$dir/"
     done
 done
 if ((checkpoints)); then
-    # stage0's checkpoints: the run's own, or every edge's
-    stage0=("$src") && ((${#edges[@]})) && stage0=("${edges[@]/#/$src/}")
+    # where each stage's checkpoints are: stage1's in SRC (and each further learner's), stage0's in SRC or each edge's
+    holders=("stage1:") stage0=("stage0:")
+    if ((${#edges[@]})); then
+        stage0=()
+        for e in "${edges[@]}"; do stage0+=("stage0:$e"); done
+    fi
+    for l in "${learners[@]}"; do holders+=("stage1:$l"); done
+    holders+=("${stage0[@]}")
     newest=""
     for ck in "$src"/checkpoints/stage1-iter*.pt; do
         [[ -e "$ck" ]] || continue
         it=${ck##*-iter}; it=${it%.pt}
         all=1
-        for d in "${stage0[@]}"; do [[ -e "$d/checkpoints/stage0-iter$it.pt" ]] || all=0; done
+        for h in "${holders[@]}"; do [[ -e "$src/${h#*:}/checkpoints/${h%%:*}-iter$it.pt" ]] || all=0; done
         ((all)) && newest=$it
     done
-    [[ -n "$newest" ]] || { echo "$src: no iteration with both stages' checkpoints" >&2; exit 1; }
-    mkdir -p "$dest/checkpoints"
-    cp -p "$src"/checkpoints/stage1-iter"$newest".pt* "$dest/checkpoints/"
-    for d in "${stage0[@]}"; do
-        to="$dest${d#"$src"}/checkpoints"
-        mkdir -p "$to"
-        cp -p "$d"/checkpoints/stage0-iter"$newest".pt* "$to/"
+    [[ -n "$newest" ]] || { echo "$src: no iteration with every stage's checkpoints" >&2; exit 1; }
+    for h in "${holders[@]}"; do
+        mkdir -p "$dest/${h#*:}/checkpoints"
+        cp -p "$src/${h#*:}/checkpoints/${h%%:*}-iter$newest".pt* "$dest/${h#*:}/checkpoints/"
     done
     echo "kept $src with the checkpoints of iteration $((10#$newest)) ($(du -sh "$dest" | cut -f1))"
 fi

@@ -326,14 +326,16 @@ EMA_DECAY = 0.9
 
 def fleet_edges(run_dir: str | Path) -> list[Path]:
     """A fleet's run directory (`splitrl run --edges N`: stage1's, with RUN_DIR/edge-K for each edge's records):
-    its edges' directories, in order; [] for any other run directory."""
+    the directories of its edges that wrote records, by K; [] for any other run directory."""
     path = Path(run_dir)
-    if (path / "metrics.jsonl").exists() or not (path / "edge-0" / "metrics.jsonl").exists():
+    if (path / "metrics.jsonl").exists():
         return []
-    edges = []
-    while (path / f"edge-{len(edges)}" / "metrics.jsonl").exists():
-        edges.append(path / f"edge-{len(edges)}")
-    return edges
+    edges = [d for d in path.glob("edge-*") if d.name[5:].isdigit() and (d / "metrics.jsonl").exists()]
+    return sorted(edges, key=lambda d: int(d.name[5:]))
+
+
+def _records_upto(run_dir: Path, upto: int | None) -> list[dict[str, Any]]:
+    return [r for r in read_metrics(run_dir) if upto is None or r["iteration"] <= upto]
 
 
 def summarise_run(
@@ -347,20 +349,24 @@ def summarise_run(
     The per-iteration means (``*_per_iteration``, ``steps_per_second``) are over
     `measured_records`. A mean of a metric some iteration lacks is None.
     """
-    edges = fleet_edges(run_dir)
-    first = edges[0] if edges else run_dir  # a fleet's iterations and times: edge 0's
-    records = [r for r in read_metrics(first) if upto is None or r["iteration"] <= upto]
+    edges = {d: _records_upto(d, upto) for d in fleet_edges(run_dir)}
+    # A fleet's iterations and times: the edge that went furthest (one may have been dropped or joined late).
+    first = max(edges, key=lambda d: edges[d][-1]["iteration"] if edges[d] else 0) if edges else Path(run_dir)
+    records = edges[first] if edges else _records_upto(first, upto)
     if not records:
         raise ValueError(f"{first}: metrics.jsonl has no iterations")
     last = records[-1]
     used = measured_records(records, skip_first, skip_last)
     total = link_bytes(last)
+    per_iteration = sum(iteration_bytes(r) for r in used) / len(used)
     steps = last.get("global_step")
     episodes = [e for e in read_episodes(first) if e["iteration"] <= last["iteration"]]
     final_ema = last.get("charts/episodic_return_ema")
     if edges:  # every edge's link and episodes; the EMA over the fleet's episodes, as one edge of all envs takes it
-        lasts = [next(r for r in reversed(read_metrics(d)) if r["iteration"] <= last["iteration"]) for d in edges]
-        total = sum(link_bytes(r) for r in lasts)
+        iterations = {r["iteration"] for r in used}
+        total = sum(link_bytes(rs[-1]) for rs in edges.values() if rs)
+        per_iteration = sum(iteration_bytes(r) for rs in edges.values() for r in rs
+                            if r["iteration"] in iterations) / len(used)
         episodes = sorted((e for d in edges for e in read_episodes(d) if e["iteration"] <= last["iteration"]),
                           key=lambda e: (e["global_step"], e["env"]))
         final_ema = None
@@ -380,7 +386,7 @@ def summarise_run(
         "steps": steps,
         "total_bytes": total,
         "bytes_per_step": total / steps if steps else None,
-        "bytes_per_iteration": sum(iteration_bytes(r) for r in used) / len(used),
+        "bytes_per_iteration": per_iteration,
         "seconds_per_iteration": _mean(used, "time/iteration"),
         "steps_per_second": _mean(used, "charts/SPS"),
         "link_wait_per_iteration": sum(r.get("time/link_wait", 0.0) for r in used) / len(used),

@@ -74,18 +74,18 @@ def test_a_fleets_row_counts_every_edges_bytes_and_episodes(tmp_path):
     import json
 
     fleet = tmp_path / "fleet-bf16-avg"
-    episodes = {0: [(10, 0, 100.0), (30, 0, 300.0)], 1: [(20, 1, 200.0)]}  # (global_step, env, return) each
-    for k in (0, 1):
+    episodes = {0: [(10, 0, 100.0), (30, 0, 300.0)], 2: [(20, 2, 200.0)]}  # (global_step, env, return) each
+    for k in (0, 2):  # edge 1 never wrote a record (it never came): the others count all the same
         (fleet / f"edge-{k}").mkdir(parents=True)
         (fleet / f"edge-{k}" / "metrics.jsonl").write_text(json.dumps(
             {"iteration": 1, "global_step": 64, "time/iteration": 8.0, "time/total": 9.0,
-             "charts/episodic_return_ema": 0.0, "net_total/step/sent_bytes": 64 * (k + 1)}) + "\n")
+             "charts/episodic_return_ema": 0.0, "net_total/step/sent_bytes": 64 * (k // 2 + 1)}) + "\n")
         (fleet / f"edge-{k}" / "episodes.jsonl").write_text("".join(
             json.dumps({"global_step": g, "iteration": 1, "env": e, "return": r, "length": 10}) + "\n"
             for g, e, r in episodes[k]))
     result = _run("bench", "learning", "--table-only", "--by-kind", "--out", str(tmp_path))
     assert result.exit_code == 0, result.output
     cells = [c.strip() for c in result.output.splitlines()[2].split("|")]
-    ema = 0.9 * (0.9 * 100.0 + 0.1 * 200.0) + 0.1 * 300.0  # 100, then 200 (edge 1), then 300
+    ema = 0.9 * (0.9 * 100.0 + 0.1 * 200.0) + 0.1 * 300.0  # 100, then 200 (edge 2), then 300
     assert cells[1] == "fleet-bf16-avg" and cells[6] == "3" and cells[8] == f"{ema:.1f}" and cells[9] == "200.0"
     assert "| fleet-bf16-avg | 3.0 |" in result.output  # bytes per env step by kind: step, both edges

@@ -115,10 +115,12 @@ def kind_table(run_dirs: Sequence[Path], upto: int | None = None) -> str:
         lasts = []  # the last record of the run, or of each of a fleet's edges (every edge's link counts)
         for d in fleet_edges(run_dir) or [run_dir]:
             records = [r for r in read_metrics(d) if upto is None or r["iteration"] <= upto]
-            if not records:
-                raise ValueError(f"{d}: no iterations{'' if upto is None else f' up to {upto}'} in metrics.jsonl")
-            lasts.append(records[-1])
-        steps, total = lasts[0]["global_step"], sum(link_bytes(last) for last in lasts)
+            if records:  # (an edge that joined later has none before)
+                lasts.append(records[-1])
+        if not lasts:
+            raise ValueError(f"{run_dir}: no iterations{'' if upto is None else f' up to {upto}'} in metrics.jsonl")
+        steps = max(lasts, key=lambda r: r["iteration"])["global_step"]
+        total = sum(link_bytes(last) for last in lasts)
         kinds = [sum(last.get(f"net_total/{kind}/{way}_bytes", 0) for last in lasts for way in ("sent", "recv"))
                  for kind in KINDS]
         cells = [f"{b / steps:,.1f}" for b in (*kinds, total - sum(kinds), total)]

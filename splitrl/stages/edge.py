@@ -418,8 +418,8 @@ class Edge:
         self.saved_envs = rollout["envs"]
         if "encoder_average" in state:  # --encoder-sync avg: go on averaging against what the fleet last agreed on
             self.agreed_weights, self.encoder_average = state["encoder_average"], None
-        elif self.settings.schedule.edges > 1:  # a checkpoint from before it was kept: the encoder itself, which
-            # equals the agreed view after the iteration's last average (each epoch's last minibatch averages)
+        elif self.settings.schedule.parsed_encoder_sync().name == "avg":  # a checkpoint from before it was kept:
+            # the encoder itself, which is the agreed view after an iteration (each epoch's last minibatch averages)
             self.agreed_weights = {ENCODER_PREFIX + n: p.detach().clone() for n, p in self.net.named_parameters()}
         if self.acting is not self.net:
             self.acting, self.acting_version = copy.deepcopy(self.net).requires_grad_(False), self.train_iteration
