@@ -323,9 +323,9 @@ class Roster:
         That is the newest of stage1's checkpoints (``ours``) that at least ``min_edges`` of the edges in hold
         (0 when stage1 has none); of several learners, the newest such that every learner has. Edges answer their
         hellos first and learn the point only now: an edge may lack the newest (interrupted while it wrote it) or
-        hold only old ones (one dropped earlier in the run, whose directory stopped there). An edge without the point, or whose hello has no ``checkpoints``
-        (started without --resume), is dropped as `lose` does; no such point at all is a `HandshakeError`
-        rather than a silent start from scratch."""
+        hold only old ones (one dropped earlier in the run, whose directory stopped there). An edge without the
+        point, or whose hello has no ``checkpoints`` (started without --resume), is dropped as `lose` does; no
+        such point at all is a `HandshakeError` rather than a silent start from scratch."""
         held: dict[int, set[int]] = {}
         for g in self.live():
             theirs = self.hellos.get(g, {}).get("checkpoints")

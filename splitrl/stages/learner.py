@@ -418,9 +418,7 @@ class Learner:
             for name, start in self.encoder_start.items():
                 grad = tensor(msg, name, tuple(start.shape), torch.float32)
                 total[name] = grad.clone() if name not in total else total[name].add_(grad)
-        if not self.learners.alone:
-            total = {name: total.get(name, torch.zeros_like(start)) for name, start in self.encoder_start.items()}
-            self.learners.sum_(list(total.values()))
+        total = self.learners.sum_named(total, self.encoder_start)
         return total
 
     def average_encoders(self, msgs: list[Message], mode: str) -> dict[str, torch.Tensor]:
@@ -437,9 +435,7 @@ class Learner:
             except CodecError as exc:
                 raise ProtocolError(f"{msg.kind}: {exc}") from None
         count = self.learners.sum_count(len(msgs))
-        if not self.learners.alone:
-            total = {name: total.get(name, torch.zeros_like(start)) for name, start in self.encoder_start.items()}
-            self.learners.sum_(list(total.values()))
+        total = self.learners.sum_named(total, self.encoder_start)
         return sync.encode({name: sync.view[name] + change / count for name, change in total.items()})
 
     def optimizer_step(self) -> None:

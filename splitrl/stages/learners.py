@@ -118,6 +118,15 @@ class Learners:
                 t.copy_(flat[start:start + t.numel()].view_as(t))
                 start += t.numel()
 
+    def sum_named(self, tensors: dict[str, torch.Tensor], like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Named tensors summed over the learners, in ``like``'s order (a name this learner lacks adds zeros
+        shaped as in ``like``); ``tensors`` itself when alone."""
+        if self.alone:
+            return tensors
+        total = {name: tensors.get(name, torch.zeros_like(t)) for name, t in like.items()}
+        self.sum_(list(total.values()))
+        return total
+
     def sum_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
         """The parameters' gradients summed over the learners (a learner with no share of a minibatch adds
         zeros)."""
