@@ -19,6 +19,7 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -334,46 +335,98 @@ def fleet_edges(run_dir: str | Path) -> list[Path]:
     return sorted(edges, key=lambda d: int(d.name[5:]))
 
 
+def has_records(run_dir: str | Path) -> bool:
+    """A run directory with records to read: its own metrics.jsonl, or a fleet's edges' (`fleet_edges`)."""
+    return (Path(run_dir) / "metrics.jsonl").is_file() or bool(fleet_edges(run_dir))
+
+
 def _records_upto(run_dir: Path, upto: int | None) -> list[dict[str, Any]]:
     return [r for r in read_metrics(run_dir) if upto is None or r["iteration"] <= upto]
+
+
+@dataclass
+class RunHistory:
+    """A run directory's iterations and episodes, read back the same way for one run and a fleet."""
+
+    records: list[dict[str, Any]]
+    """metrics.jsonl's records; a fleet's merged per iteration (`run_history`)."""
+    episodes: list[dict[str, Any]]
+    """Finished episodes up to the last record's iteration; a fleet's every edge's, by (global_step, env)."""
+    settings_dir: Path
+    """Where the run's (stage0's) config is: the run directory, or a fleet's first edge's."""
+
+
+def run_history(run_dir: str | Path, upto: int | None = None) -> RunHistory:
+    """The iterations (up to ``upto``, if given) and episodes of one run directory.
+
+    A fleet's (`fleet_edges`) is merged into one record per iteration of the edge that went furthest (one may
+    have been dropped or joined late), its times and settings that edge's; the bytes and messages on the
+    links summed over the edges (``net/``: those with a record of the iteration; ``net_total/``: each edge's
+    newest, so a dropped edge's link still counts); the returns over every edge's episodes, the EMA taken
+    over them as one edge of all the envs takes it. Raises ValueError when there is no iteration.
+    """
+    edges = fleet_edges(run_dir)
+    if not edges:
+        records = _records_upto(Path(run_dir), upto)
+        if not records:
+            raise ValueError(f"{run_dir}: metrics.jsonl has no iterations")
+        last = records[-1]["iteration"]
+        return RunHistory(records, [e for e in read_episodes(run_dir) if e["iteration"] <= last], Path(run_dir))
+    by_edge = {d: {r["iteration"]: r for r in _records_upto(d, upto)} for d in edges}
+    furthest = max(edges, key=lambda d: max(by_edge[d], default=0))
+    if not by_edge[furthest]:
+        raise ValueError(f"{run_dir}: no iterations in any edge's metrics.jsonl")
+    last = max(by_edge[furthest])
+    episodes = sorted((e for d in edges for e in read_episodes(d) if e["iteration"] <= last),
+                      key=lambda e: (e["global_step"], e["env"]))
+    merged: list[dict[str, Any]] = []
+    newest: dict[Path, dict[str, Any]] = {}
+    ema, taken = None, 0
+    for iteration, base in sorted(by_edge[furthest].items()):
+        record = {k: v for k, v in base.items() if not k.startswith(("net/", "net_total/"))}
+        for d in edges:
+            here = by_edge[d].get(iteration)
+            if here is not None:
+                newest[d] = here
+                _add_meters(record, here, "net/")
+        for edge_record in newest.values():
+            _add_meters(record, edge_record, "net_total/")
+        returns = []
+        while taken < len(episodes) and episodes[taken]["iteration"] <= iteration:
+            returns.append(episodes[taken]["return"])
+            ema = returns[-1] if ema is None else EMA_DECAY * ema + (1 - EMA_DECAY) * returns[-1]
+            taken += 1
+        record.update({"charts/episodic_return": sum(returns) / len(returns) if returns else None,
+                       "charts/episodes": len(returns), "charts/episodic_return_ema": ema})
+        merged.append(record)
+    return RunHistory(merged, episodes, furthest)
+
+
+def _add_meters(into: dict[str, Any], record: dict[str, Any], prefix: str) -> None:
+    for key, value in record.items():
+        if key.startswith(prefix):
+            into[key] = into.get(key, 0) + value
 
 
 def summarise_run(
     run_dir: str | Path, last_episodes: int = 20, upto: int | None = None, *, skip_first: bool = True,
     skip_last: bool = False,
 ) -> dict[str, Any]:
-    """One run directory in numbers: totals as of its last iteration, means per iteration, returns. A fleet's
-    (`fleet_edges`): the bytes of every edge's link; the returns of every edge's episodes.
+    """One run directory in numbers (a fleet's as `run_history` merges it): totals as of its last iteration,
+    means per iteration, returns.
 
     ``upto``: as of the end of that iteration (to compare runs of different lengths).
     The per-iteration means (``*_per_iteration``, ``steps_per_second``) are over
     `measured_records`. A mean of a metric some iteration lacks is None.
     """
-    edges = {d: _records_upto(d, upto) for d in fleet_edges(run_dir)}
-    # A fleet's iterations and times: the edge that went furthest (one may have been dropped or joined late).
-    first = max(edges, key=lambda d: edges[d][-1]["iteration"] if edges[d] else 0) if edges else Path(run_dir)
-    records = edges[first] if edges else _records_upto(first, upto)
-    if not records:
-        raise ValueError(f"{first}: metrics.jsonl has no iterations")
+    history = run_history(run_dir, upto)
+    records, episodes = history.records, history.episodes
     last = records[-1]
     used = measured_records(records, skip_first, skip_last)
-    total = link_bytes(last)
-    per_iteration = sum(iteration_bytes(r) for r in used) / len(used)
     steps = last.get("global_step")
-    episodes = [e for e in read_episodes(first) if e["iteration"] <= last["iteration"]]
-    final_ema = last.get("charts/episodic_return_ema")
-    if edges:  # every edge's link and episodes; the EMA over the fleet's episodes, as one edge of all envs takes it
-        iterations = {r["iteration"] for r in used}
-        total = sum(link_bytes(rs[-1]) for rs in edges.values() if rs)
-        per_iteration = sum(iteration_bytes(r) for rs in edges.values() for r in rs
-                            if r["iteration"] in iterations) / len(used)
-        episodes = sorted((e for d in edges for e in read_episodes(d) if e["iteration"] <= last["iteration"]),
-                          key=lambda e: (e["global_step"], e["env"]))
-        final_ema = None
-        for e in episodes:
-            final_ema = e["return"] if final_ema is None else EMA_DECAY * final_ema + (1 - EMA_DECAY) * e["return"]
+    total = link_bytes(last)
     tail = [e["return"] for e in episodes[-last_episodes:]]
-    settings = run_settings(first)
+    settings = run_settings(history.settings_dir)
     codecs = settings.get("codecs", {})
     return {
         "run": Path(run_dir).name,
@@ -386,11 +439,11 @@ def summarise_run(
         "steps": steps,
         "total_bytes": total,
         "bytes_per_step": total / steps if steps else None,
-        "bytes_per_iteration": per_iteration,
+        "bytes_per_iteration": sum(iteration_bytes(r) for r in used) / len(used),
         "seconds_per_iteration": _mean(used, "time/iteration"),
         "steps_per_second": _mean(used, "charts/SPS"),
         "link_wait_per_iteration": sum(r.get("time/link_wait", 0.0) for r in used) / len(used),
-        "final_ema": final_ema,
+        "final_ema": last.get("charts/episodic_return_ema"),
         "last_episodes_mean": sum(tail) / len(tail) if tail else None,
         "wall_seconds": wall_seconds(records),
     }

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from splitrl.runs import iteration_bytes, iteration_messages, link_bytes, link_messages, read_episodes, summarise_run
+from splitrl.runs import (has_records, iteration_bytes, iteration_messages, link_bytes, link_messages, read_episodes,
+                          run_history, summarise_run)
 
 
 def _write_metrics(run_dir, records):
@@ -96,3 +97,60 @@ def test_checkpoints_after_an_iteration_can_be_dropped(tmp_path):
         "stage0-iter00003.pt", "stage0-iter00003.pt.sha256", "stage0-iter00004.pt", "stage0-iter00004.pt.sha256",
         "stage1-iter00006.pt", "stage1-iter00006.pt.sha256"]
     log.close()
+
+
+def _fleet(tmp_path):
+    """A fleet's run directory: edge 0 for three iterations, edge 1 dropped after the first (its link still
+    counts), each with its own episodes (global env ids) and config."""
+    run = tmp_path / "fleet"
+    for edge, iterations in ((0, (1, 2, 3)), (1, (1,))):
+        d = run / f"edge-{edge}"
+        _write_metrics(d, [
+            {"iteration": i, "global_step": 64 * i, "charts/SPS": 8.0, "time/iteration": 8.0, "time/total": 8.0 * i,
+             "charts/episodic_return_ema": -1.0, "net/step/sent_bytes": 100 + edge, "net_total/step/sent_bytes":
+             (100 + edge) * i, "net/action/recv_messages": 2}
+            for i in iterations
+        ])
+        (d / "config-stage0.json").write_text(json.dumps({"settings": {"cut": "cnn", "codecs": {"codec_fwd": "bf16"}}}))
+        episodes = [(1, 40, 10.0), (3, 150, 30.0)] if edge == 0 else [(1, 30, 20.0)]
+        (d / "episodes.jsonl").write_text("".join(
+            json.dumps({"iteration": i, "global_step": g, "env": edge, "return": r}) + "\n" for i, g, r in episodes))
+    (run / "config-stage1.json").write_text("{}")
+    return run
+
+
+def test_a_fleets_history_is_merged_per_iteration(tmp_path):
+    history = run_history(_fleet(tmp_path))
+    assert [r["iteration"] for r in history.records] == [1, 2, 3]
+    assert [iteration_bytes(r) for r in history.records] == [201, 100, 100]  # the edges of each iteration
+    assert [link_bytes(r) for r in history.records] == [201, 301, 401]  # the dropped edge's link stays counted
+    assert [r["net/action/recv_messages"] for r in history.records] == [4, 2, 2]
+    assert [e["return"] for e in history.episodes] == [20.0, 10.0, 30.0]  # by global step across edges
+    first_ema = 0.9 * 20.0 + 0.1 * 10.0
+    assert [r["charts/episodic_return_ema"] for r in history.records] == pytest.approx(
+        [first_ema, first_ema, 0.9 * first_ema + 0.1 * 30.0])  # the fleet's, not edge 0's -1
+    assert [r["charts/episodes"] for r in history.records] == [2, 0, 1]
+    assert history.records[0]["charts/episodic_return"] == 15.0 and history.records[1]["charts/episodic_return"] is None
+    assert history.settings_dir.name == "edge-0"
+    s = summarise_run(tmp_path / "fleet")
+    assert s["total_bytes"] == 401 and s["bytes_per_iteration"] == 100.0 and s["codecs"] == "fp32 / bf16 / fp32"
+    assert s["final_ema"] == pytest.approx(0.9 * first_ema + 0.1 * 30.0) and s["last_episodes_mean"] == 20.0
+    upto = run_history(tmp_path / "fleet", upto=1)
+    assert len(upto.records) == 1 and [e["return"] for e in upto.episodes] == [20.0, 10.0]
+    with pytest.raises(ValueError, match="no iterations"):
+        run_history(tmp_path / "fleet", upto=0)
+
+
+def test_a_fleets_curve_report_and_kind_table_read_every_edge(tmp_path):
+    from splitrl.bench.learning_bench import kind_table
+    from splitrl.bench.report import curve_table, load_run
+
+    run = _fleet(tmp_path)
+    assert has_records(run) and has_records(run / "edge-1") and not has_records(tmp_path)  # `splitrl report` takes it
+    curve = curve_table(run).splitlines()
+    assert len(curve) == 5 and curve[2].startswith("| 1 | 64 | 19.0 | 15.0 | 2 |")
+    series = load_run(run)
+    assert series.cumulative_bytes == [201, 301, 401] and series.ema[-1] == pytest.approx(0.9 * 19.0 + 3.0)
+    assert series.label == "fleet: fp32 / bf16 / fp32"
+    step_cell = kind_table([run]).splitlines()[-1].split("|")[2].strip()
+    assert step_cell == f"{401 / 192:,.1f}"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..launch import progress
-from ..runs import fleet_edges, link_bytes, read_metrics, summarise_run
+from ..runs import link_bytes, run_history, summarise_run
 
 __all__ = ["CONFIGS", "run_learning_comparison", "learning_table"]
 
@@ -112,17 +112,9 @@ def kind_table(run_dirs: Sequence[Path], upto: int | None = None) -> str:
     lines = ["| run | " + " | ".join(f"`{k}`" for k in KINDS) + " | other | total |",
              "|---|" + "---:|" * (len(KINDS) + 2)]
     for run_dir in run_dirs:
-        lasts = []  # the last record of the run, or of each of a fleet's edges (every edge's link counts)
-        for d in fleet_edges(run_dir) or [run_dir]:
-            records = [r for r in read_metrics(d) if upto is None or r["iteration"] <= upto]
-            if records:  # (an edge that joined later has none before)
-                lasts.append(records[-1])
-        if not lasts:
-            raise ValueError(f"{run_dir}: no iterations{'' if upto is None else f' up to {upto}'} in metrics.jsonl")
-        steps = max(lasts, key=lambda r: r["iteration"])["global_step"]
-        total = sum(link_bytes(last) for last in lasts)
-        kinds = [sum(last.get(f"net_total/{kind}/{way}_bytes", 0) for last in lasts for way in ("sent", "recv"))
-                 for kind in KINDS]
+        last = run_history(run_dir, upto).records[-1]  # a fleet's: every edge's link summed
+        steps, total = last["global_step"], link_bytes(last)
+        kinds = [sum(last.get(f"net_total/{kind}/{way}_bytes", 0) for way in ("sent", "recv")) for kind in KINDS]
         cells = [f"{b / steps:,.1f}" for b in (*kinds, total - sum(kinds), total)]
         lines.append(f"| {Path(run_dir).name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import SettingsError
-from ..runs import link_bytes, metric_scalars, read_metrics, run_settings, summarise_run, summary_writer
+from ..runs import link_bytes, metric_scalars, run_history, run_settings, summarise_run, summary_writer
 
 __all__ = ["RunSeries", "load_run", "pyplot", "return_figure", "bytes_figure", "report_table", "write_tensorboard",
            "make_report", "curve_table"]
@@ -73,11 +73,10 @@ def _warm_start(settings: dict[str, Any]) -> int | None:
 
 def load_run(run_dir: str | Path) -> RunSeries:
     run_dir = Path(run_dir)
-    records = read_metrics(run_dir)
-    if not records:
-        raise ValueError(f"{run_dir}: metrics.jsonl has no iterations yet")
+    history = run_history(run_dir)  # a fleet's merged: every edge's link and episodes
+    records = history.records
     summary = summarise_run(run_dir)
-    settings = run_settings(run_dir)
+    settings = run_settings(history.settings_dir)
     cut = "" if summary["cut"] in ("cnn", "?") else f" (cut {summary['cut']})"
     return RunSeries(
         name=run_dir.name,
@@ -220,7 +219,7 @@ def _fmt(value: Any, spec: str) -> str:
 
 def curve_table(run_dir: str | Path) -> str:
     """Per iteration: steps, EMA(0.9) return, mean return of its episodes, steps/s, MB on the link."""
-    rows = read_metrics(run_dir)
+    rows = run_history(run_dir).records
     lines = [
         "| iteration | global_step | EMA(0.9) return | mean return | episodes | steps/s | MB on the link (cumulative) |",
         "|---|---|---|---|---|---|---|",

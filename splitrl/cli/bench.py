@@ -122,7 +122,7 @@ def bench_learning(names: tuple[str, ...], iterations: int, out_dir: str, table_
     `--` go to every `splitrl run`, e.g. `-- --threads 2`.
     """
     from ..bench.learning_bench import CONFIGS, kind_table, learning_table, run_learning_comparison
-    from ..runs import fleet_edges
+    from ..runs import has_records
 
     def go() -> None:
         unknown = [n for n in names if n not in CONFIGS]
@@ -131,12 +131,9 @@ def bench_learning(names: tuple[str, ...], iterations: int, out_dir: str, table_
         chosen = list(names or CONFIGS)
         out = Path(out_dir)
         if table_only:
-            def recorded(d: Path) -> bool:  # a run's records: its own, or its edges' (a fleet's)
-                return (d / "metrics.jsonl").exists() or bool(fleet_edges(d))
-
-            dirs = [out / n for n in chosen if recorded(out / n)]
+            dirs = [out / n for n in chosen if has_records(out / n)]
             if not names and out.is_dir():  # and every other run there (e.g. bf16-seed1), by name
-                dirs += sorted(d for d in out.iterdir() if d.name not in CONFIGS and recorded(d))
+                dirs += sorted(d for d in out.iterdir() if d.name not in CONFIGS and has_records(d))
         else:
             dirs = run_learning_comparison(chosen, iterations * 4096, out, extra)
         if not dirs:

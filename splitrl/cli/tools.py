@@ -27,10 +27,12 @@ def codecs_cmd() -> None:
 def report(run_dirs: tuple[str, ...], out_dir: str, tensorboard: bool) -> None:
     """The paper's two figures (return and bytes on the link against env steps) and a table, for RUN_DIRS."""
     from ..bench.report import make_report
+    from ..runs import has_records
 
-    missing = [d for d in run_dirs if not (Path(d) / "metrics.jsonl").is_file()]
+    missing = [d for d in run_dirs if not has_records(d)]
     if missing:  # a wrong argument, not a failure while running
-        raise click.BadParameter(f"no metrics.jsonl in {', '.join(missing)} (not a run directory?)",
+        raise click.BadParameter(f"no metrics.jsonl in {', '.join(missing)} nor in its edges' directories "
+                                 "(not a run directory?)",
                                  param_hint="RUN_DIRS")
     paths = run_cli(lambda: make_report(run_dirs, out_dir, tensorboard=tensorboard))
     click.echo(paths["table"])
