@@ -1,0 +1,73 @@
+"""The asynchronous schedule trains on the data its envs and acting policies produced, sample by sample.
+
+Each test runs `tests.schedule.async_probe` (the twin with its Edge and Learner
+watched; its docstring lists the invariants (a) to (e)) in a subprocess with a
+timeout. The planted bugs show that each invariant fails when its data is off by
+one step or one version.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ..conftest import ROOT, child_env
+from .async_probe import PLANTS
+
+# Three iterations of 2 envs x 32 steps in 2 groups, 2 epochs of 2 minibatches; episodes of 40 steps, so
+# two truncations per env are bootstrapped. fp32 throughout (the default codecs).
+TINY = ["--num-envs", "2", "--num-steps", "32", "--rollout-groups", "2", "--total-steps", "192", "--epochs", "2",
+        "--minibatches", "2", "--max-episode-steps", "40", "--threads", "1", "--checkpoint-every", "0",
+        "--timeout", "30", "--start-timeout", "30"]
+# The planted bugs stop the run in its first or second iteration: rollouts of 8 steps do.
+SHORT = [*TINY, "--num-steps", "8", "--total-steps", "48"]
+
+
+def _probe(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tests.schedule.async_probe", *args], cwd=ROOT, env=child_env(),
+                          capture_output=True, text=True, timeout=180)
+
+
+def _summary(done: subprocess.CompletedProcess) -> dict:
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["splitrl"] == str(ROOT / "splitrl")  # this checkout's code, not an installed copy
+    assert summary["ok"] and summary["iterations"] == 3 and summary["samples"] == 192
+    assert summary["truncations"] > 0 and summary["minibatch_parts"] == 3 * 2 * 2
+    assert summary["neighbour_mismatches"] > 0  # (c) tells versions apart
+    return summary
+
+
+def test_async_samples_line_up_with_the_envs_and_the_acting_versions():
+    """Free-running --async --max-staleness 1, as the machine's timing has it: every invariant holds and no
+    sample lags more than one version."""
+    summary = _summary(_probe("--", "--async", "--max-staleness", "1", *TINY))
+    assert summary["mode"] == "async" and set(summary["lags"]) <= {"0", "1"}
+
+
+def test_samples_lagging_one_and_two_versions_line_up_too():
+    """--max-staleness 2 with the probe's --hold, which makes the largest lag happen: samples of lag 1 and of
+    lag 2 both occur, a rollout swaps versions in flight, and every invariant holds."""
+    summary = _summary(_probe("--hold", "--", "--async", "--max-staleness", "2", *TINY))
+    assert summary["lags"].get("1", 0) > 0 and summary["lags"].get("2", 0) > 0
+    assert set(summary["lags"]) <= {"0", "1", "2"}
+    assert summary["rollouts_swapping_in_flight"] > 0
+
+
+def test_the_pipelined_schedule_passes_the_same_checks():
+    """The control: without --async nothing lags, and the same checks pass."""
+    summary = _summary(_probe("--", *TINY))
+    assert summary["mode"] == "pipelined" and summary["lags"] == {"0": 192}
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_a_planted_misalignment_fails_the_invariant_that_covers_it(plant):
+    """One deliberate bug at a time (an observation or an outcome stored a step late, the heads swapped a step
+    late, the version tag one behind, stage1's minibatches reordered): the probe exits 1 naming the invariant
+    that covers it."""
+    invariant, _ = PLANTS[plant]
+    done = _probe("--hold", "--plant", plant, "--", "--async", "--max-staleness", "1", *SHORT)
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    assert f"invariant ({invariant})" in done.stderr, done.stderr[-3000:]
+    assert "iteration" in done.stderr
