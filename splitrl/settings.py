@@ -362,6 +362,10 @@ class ScheduleSettings:
     max_staleness: int = doc(
         1, "with --async: the most policy versions a sample may lag behind the policy that trains on it "
            "(0: none, the rollout waits for training)")
+    rescore: bool = doc(
+        False, "with --async: before an iteration trains, score its rollout once more with the network that "
+               "starts training (one more pass of the encoder, its features sent as train_fwd's are): decoupled "
+               "PPO's proximal policy, the importance weights and the value baseline all of that network")
     edges: int = doc(
         1, "stage0 processes (edge devices) one stage1 serves, each stepping --num-envs envs; one policy: every "
            "minibatch draws from all edges' samples (an iteration is num_steps x num_envs x edges samples)")
@@ -425,6 +429,8 @@ class ScheduleSettings:
             if odd:
                 out.append(f"--edges > 1 takes the training codecs {', '.join(FLEET_CODECS)} only (per-sample state "
                            f"would be split across the edges): {', '.join(odd)}")
+        if self.rescore and not self.asynchronous:
+            out.append("--rescore works with --async only (without it no sample lags)")
         if self.asynchronous:
             if codecs.exchange.partition(":")[0] != "features":
                 out.append("--async works with --exchange features only (the replica's view and its updates "

@@ -76,6 +76,11 @@ CONFIGS: dict[str, list[str]] = {
     "bf16-async": ["--codec-rollout", "bf16", "--codec-fwd", "bf16", "--codec-bwd", "bf16", "--num-envs", "4",
                    "--num-steps", "1024", "--rollout-groups", "4", "--microbatches", "2", "--vector", "async",
                    "--async"],
+    # bf16-async with its rollout scored again by the network that starts each training (--rescore): the
+    # proximal policy, the importance weights and the baseline of the one that trains, not of the one that acted.
+    "bf16-async-rescore": ["--codec-rollout", "bf16", "--codec-fwd", "bf16", "--codec-bwd", "bf16", "--num-envs",
+                           "4", "--num-steps", "1024", "--rollout-groups", "4", "--microbatches", "2", "--vector",
+                           "async", "--async", "--rescore"],
     # A fleet of 4 edges x 1 env x 1024 steps whose encoders are averaged every 8 minibatches (int8 changes,
     # docs/PROTOCOL.md section 15), against bf16-pipelined: the same 4 envs x 1024 steps as one edge, which
     # `--encoder-sync grad` equals up to float sums.

@@ -88,16 +88,18 @@ class RolloutBuffer:
         self.final_values[where] = fv
 
     def finish(self, last_value, gamma: float = 0.99, gae_lambda: float = 0.95,
-               weights: torch.Tensor | None = None) -> None:
+               weights: torch.Tensor | None = None, values: torch.Tensor | None = None) -> None:
         """Compute advantages/returns (with ``weights``: importance-weighted, see `compute_gae`)
-        and the flattened ``b_*`` batch views."""
+        and the flattened ``b_*`` batch views. ``values`` (T, N): the baseline, if not the stored
+        ``values`` of the network that acted (they stay as stored)."""
+        baseline = self.values if values is None else values
         self.advantages, self.returns = compute_gae(
-            self.rewards, self.values, self.terminated, self.truncated,
+            self.rewards, baseline, self.terminated, self.truncated,
             self.final_values, self._vec(last_value, self.num_envs), gamma, gae_lambda, weights,
         )
         self.b_actions = self.actions.reshape((-1,) + self.action_shape)
         self.b_logprobs = self.logprobs.reshape(-1)
-        self.b_values = self.values.reshape(-1)
+        self.b_values = baseline.reshape(-1)
         self.b_advantages = self.advantages.reshape(-1)
         self.b_returns = self.returns.reshape(-1)
 

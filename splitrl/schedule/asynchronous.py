@@ -19,6 +19,13 @@ and ``async/staleness_max`` go to the metrics. ``--max-staleness S`` bounds the
 lag: the rollout of iteration i starts only once iteration i - 1 - S has trained
 (S + 1 rollouts are stored), so the rollouts are produced no faster than training
 consumes them. S = 0 takes turns, as the pipelined schedule does.
+
+With ``--rescore`` each iteration's training begins with one more pass over its
+rollout: stage0 sends the features its encoder gives the stored observations now
+(``rescore``, `RESCORE_ROWS` samples a message, through the fwd codec), and
+stage1 scores every sample with the heads that start training
+(`Learner.rescore`), so the proximal policy, the importance weights and the
+value baseline are all of the network that trains (`Learner.begin_training`).
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ import contextlib
 import threading
 import time
 from typing import Any, Callable, Iterator
+
+import torch
 
 from ..runs import RunLog
 from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
@@ -42,12 +51,47 @@ __all__ = ["stage0_loop", "stage1_loop", "STAGE0_ROUTES", "STAGE1_ROUTES"]
 STAGE0_ROUTES = {"action": "rollout", "train_bwd": "train", "heads": "train", "progress": "train", "iter_stats": "train",
                  "eval_heads": "train"}
 """What stage0 receives, by channel."""
-STAGE1_ROUTES = {"step": "rollout", "rollout_end": "rollout", "train_fwd": "train", "iter_end": "train",
+STAGE1_ROUTES = {"step": "rollout", "rollout_end": "rollout", "train_fwd": "train", "rescore": "train",
+                 "iter_end": "train",
                  "close": "train"}
 """What stage1 receives, by channel."""
 
 _WAIT_S = 0.5
 """How often a waiting thread looks up to see whether the other one failed."""
+
+RESCORE_ROWS = 512
+"""Samples per ``rescore`` message (``--rescore``): 4 MiB of bfloat16 features at the paper's width."""
+
+
+def _rescore_chunks(samples: int) -> list[torch.Tensor]:
+    return list(torch.arange(samples).split(RESCORE_ROWS))
+
+
+def stage0_rescore(edge: Edge, exchange: EdgeExchange, link: Transport, clock: PhaseClock, iteration: int) -> None:
+    """``--rescore``: the rollout's observations through the encoder that starts training, to stage1."""
+    for part, idx in enumerate(_rescore_chunks(edge.settings.steps_per_iteration)):
+        with clock("encoder"):
+            features = edge.features_now(idx)
+        with clock("codec"):
+            _, (tensors, header) = exchange.send(features, idx)
+        with clock("link"):
+            link.send("rescore", tensors, {**header, "iteration": iteration, "part": part})
+
+
+def stage1_rescore(learner: Learner, exchange: LearnerExchange, link: Transport, busy: PhaseClock,
+                   iteration: int) -> None:
+    """``--rescore``: every sample of the rollout scored by the heads that start training (`stage0_rescore`'s
+    features; the stored inputs when stage1 holds the whole network)."""
+    learner.begin_rescore(iteration)
+    chunks = _rescore_chunks(learner.settings.steps_per_iteration)
+    if learner.trains_alone:
+        with busy("heads"):
+            learner.rescore_stored(chunks)
+        return
+    for part, idx in enumerate(chunks):
+        msg = expect(link, "rescore", iteration=iteration, part=part)
+        with busy("heads"):
+            exchange.rescore(msg, idx)
 
 
 class _Progress:
@@ -150,6 +194,8 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
             clock = clocks.pop(iteration)
             schedule = edge.begin_training(iteration)
             if edge.trains:
+                if s.schedule.rescore:
+                    stage0_rescore(edge, exchange, train_link, clock, iteration)
                 stage0_train(edge, exchange, train_link, clock, schedule)
                 publish(iteration)
             checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
@@ -204,6 +250,8 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
             progress.wait(lambda: progress.collected >= iteration, link.timeout * s.num_iterations,
                           f"the rollout of iteration {iteration}")
             busy.seconds["heads"] += acting_seconds.pop(iteration)
+            if s.schedule.rescore:
+                stage1_rescore(learner, exchange, train_link, busy, iteration)
             with busy("heads"):
                 schedule = learner.begin_training(iteration)  # GAE, importance-weighted where samples lag
             if not learner.trains_alone:

@@ -303,6 +303,11 @@ class Edge:
         """The current encoder on the stored observations of samples ``idx``, with its graph."""
         return self.net(self.flat_obs[idx])
 
+    def features_now(self, idx: torch.Tensor) -> torch.Tensor:
+        """The current encoder on the stored observations of samples ``idx``, without a graph (``--rescore``)."""
+        with torch.no_grad():
+            return self.net(self.flat_obs[idx])
+
     def backward(self, out: torch.Tensor, grad: torch.Tensor) -> None:
         """Back-propagate the gradient stage1 sent for ``out`` (gradients accumulate until the step)."""
         torch.autograd.backward(out, grad)

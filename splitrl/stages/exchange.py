@@ -96,6 +96,10 @@ class LearnerExchange:
         ``minibatch``: the whole minibatch when ``idx`` is one micro-batch of it (see `Learner.loss`)."""
         raise NotImplementedError
 
+    def rescore(self, msg: Message, idx: torch.Tensor) -> None:
+        """Score samples ``idx`` again from ``rescore``'s features (`Learner.rescore`, ``--rescore``)."""
+        raise ProtocolError(f"{msg.kind}: not expected with --exchange {self.learner.settings.codecs.exchange}")
+
     def update(self, epoch: int | None = None, mb: int | None = None) -> Payload | None:
         """A ``heads`` update to send after the rollout (no arguments) or after minibatch (epoch, mb); None if none."""
         return None
@@ -119,11 +123,22 @@ class FeaturesEdge(EdgeExchange):
 
 
 class FeaturesLearner(LearnerExchange):
+    def _features(self, msg: Message, idx: torch.Tensor, step: int) -> torch.Tensor:
+        """The encoder's output for samples ``idx`` as stage1 sees it (through the fwd codec), in the training
+        of the rollout that ended at env step ``step``."""
+        return self.codecs.unpack("fwd", "features", msg.tensors, msg.header, Context(idx=idx, global_step=step),
+                                  (len(idx), self.learner.feature_dim), torch.float32)
+
+    def rescore(self, msg: Message, idx: torch.Tensor) -> None:
+        learner = self.learner
+        assert learner.rescored is not None
+        step = learner.rescored[0] * learner.settings.steps_per_iteration  # the training about to begin
+        learner.rescore(idx, self._features(msg, idx, step))
+
     def learn(self, msg: Message, idx: torch.Tensor, minibatch: torch.Tensor | None = None) -> Payload:
         learner = self.learner
         step = learner.train_step
-        seen = self.codecs.unpack("fwd", "features", msg.tensors, msg.header, Context(idx=idx, global_step=step),
-                                  (len(idx), learner.feature_dim), torch.float32)
+        seen = self._features(msg, idx, step)
         x = seen.detach().requires_grad_()
         learner.loss(idx, *learner.heads.outputs(x), minibatch).backward()
         tensors, header = {}, {}

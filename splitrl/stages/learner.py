@@ -121,6 +121,9 @@ class Learner:
         """And the proximal network's values of them, the centre of their value clip."""
         self.proximal: torch.Tensor | None = None
         """Decoupled PPO's proximal log-probabilities of those samples (NaN until a minibatch first holds one)."""
+        self.rescored: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        """``--rescore``: the iteration whose rollout is being scored again, and its samples' log-probabilities
+        and values under the network that starts training (flat; NaN until `rescore` fills them)."""
         """The statistics of the minibatch being taken in parts, weighted by each part's share so far."""
         self.rollout_stats: dict[str, float] = {}
         """Statistics of the rollout being trained on, taken when its training begins."""
@@ -325,6 +328,12 @@ class Learner:
         by about a quarter of a normalised return, enough noise to stall learning
         (docs/results/pipeline.md, "Learning"). Scoring with the current encoder would need
         another pass of those samples across the link.
+
+        With ``--rescore`` that pass happened (`begin_rescore`, `rescore`): the network that starts training
+        scored every sample, and its log-probabilities are the proximal policy from the first minibatch on and
+        the importance weights' numerator, its values the baseline of the advantages, of the value targets and
+        of the value clip. The bootstrap values after the rollout's last step and at truncations stay the
+        acting network's.
         """
         ppo, slot = self.settings.ppo, self._slot(iteration)
         self.train_iteration = iteration
@@ -333,12 +342,25 @@ class Learner:
         lag = (iteration - 1) - self.versions[slot]
         weights, self.proximal, self.proximal_values = None, None, None
         self.lagging = (lag > 0).reshape(-1)
+        rescored, self.rescored = self.rescored, None
+        baseline = None
+        if rescored is not None:
+            scored, logprob, values = rescored
+            if scored != iteration or bool(logprob.isnan().any()):
+                raise ProtocolError(f"iteration {iteration}: the rollout was not scored again before its training "
+                                    f"(--rescore; scored: iteration {scored}, {int(logprob.isnan().sum())} samples "
+                                    "missing)")
+            baseline = values.reshape(lag.shape)
         if bool(self.lagging.any()):
-            logprob = self._logprobs(self.inputs[slot], buffer.actions)
+            if rescored is not None:
+                logprob = rescored[1].reshape(lag.shape)
+                self.proximal, self.proximal_values = rescored[1].clone(), rescored[2].clone()
+            else:
+                logprob = self._logprobs(self.inputs[slot], buffer.actions)
+                self.proximal = torch.full_like(self.lagging, float("nan"), dtype=torch.float32)
+                self.proximal_values = torch.full_like(self.lagging, float("nan"), dtype=torch.float32)
             weights = torch.where(lag > 0, (logprob - buffer.logprobs).exp().clamp(max=1.0), torch.ones_like(logprob))
-            self.proximal = torch.full_like(self.lagging, float("nan"), dtype=torch.float32)
-            self.proximal_values = torch.full_like(self.lagging, float("nan"), dtype=torch.float32)
-        buffer.finish(self.last_values[slot], ppo.gamma, ppo.gae_lambda, weights)
+        buffer.finish(self.last_values[slot], ppo.gamma, ppo.gae_lambda, weights, baseline)
         # Now, not at the iteration's end: by then the next rollout may be writing this slot.
         self.rollout_stats = {"losses/explained_variance": explained_variance(buffer.b_values, buffer.b_returns)}
         if self.acting is not self.heads:
@@ -350,6 +372,32 @@ class Learner:
         if iteration in self.announced:
             self.exchange = switch(self.codecs, self.announced.pop(iteration), TRAINING)
         return minibatch_schedule(self.settings.seed, iteration, ppo.epochs, buffer.batch_size, ppo.minibatches)
+
+    def begin_rescore(self, iteration: int) -> None:
+        """``--rescore``: score ``iteration``'s rollout again with the heads as they start its training, sample by
+        sample (`rescore`, before `begin_training`)."""
+        n = self.buffers[self._slot(iteration)].batch_size
+        self.rescored = (iteration, torch.full((n,), float("nan")), torch.full((n,), float("nan")))
+
+    def rescore(self, idx: torch.Tensor, x: torch.Tensor) -> None:
+        """The log-probabilities of samples ``idx``'s actions and their values, with the heads on ``x``: the
+        features stage0's encoder gives their observations now (or, when stage1 holds the whole network, their
+        stored inputs)."""
+        assert self.rescored is not None
+        iteration, logprobs, values = self.rescored
+        buffer = self.buffers[self._slot(iteration)]
+        actions = buffer.actions.reshape((-1,) + buffer.action_shape)[idx]
+        with torch.no_grad():
+            _, logprob, _, value = self.heads.evaluate(*self.heads.outputs(x), actions)
+        logprobs[idx], values[idx] = logprob, value.reshape(-1)
+
+    def rescore_stored(self, chunks: list[torch.Tensor]) -> None:
+        """`rescore` every sample from its stored input, in ``chunks`` of indices (the cut before the first
+        layer: stage1 holds the whole network, nothing crosses the link)."""
+        assert self.rescored is not None and self.trains_alone
+        flat = self.inputs[self._slot(self.rescored[0])].reshape((-1,) + self.spec.obs_shape)
+        for idx in chunks:
+            self.rescore(idx, flat[idx])
 
     def _logprobs(self, inputs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """The training heads' log-probability of ``actions`` on stored inputs shaped (T, N, ...), by rows."""

@@ -62,7 +62,8 @@ STAGE1 = "stage1"
 
 KINDS = frozenset(
     {"step", "action", "rollout_end", "heads", "train_fwd", "train_bwd", "iter_end", "progress", "iter_stats", "close",
-     "ping", "pong", "plan", "eval_heads", "encoder_grad", "encoder_avg", "encoder_state", "resume"}
+     "ping", "pong", "plan", "eval_heads", "encoder_grad", "encoder_avg", "encoder_state", "resume",
+     "rescore"}
 )
 
 LIMITS = WireLimits(kinds=KINDS)

@@ -23,7 +23,10 @@ version as training leaves it. For every iteration it trains it checks:
     published copies equal the trained weights, and iteration i trains from
     version i - 1 on both stages, exactly;
 (e) training data: both stages train on the same minibatch indices, in the same
-    order, and the trained slot's rows and versions do not change while it trains.
+    order, and the trained slot's rows and versions do not change while it trains;
+(f) with ``--rescore``: the baseline of the advantages and value targets and the
+    proximal log-probabilities of lagging samples are version i - 1's (the network
+    that starts training) on each sample's stored observation and action.
 
 The first broken invariant stops the run: a line naming it, the iteration, the
 (t, env) and the numbers goes to stderr and the exit code is 1 (2: the probe
@@ -68,6 +71,7 @@ PLANTS = {
     "adopt-late": ("c", "stage1 acts with the heads it had for one step after each swap, storing the new version"),
     "version-tag": ("d", "stage0 tags each step with the version before the one it encodes with"),
     "reshuffle": ("e", "stage1 takes each epoch's minibatches in reverse order"),
+    "rescore-stale": ("f", "stage0 scores the rollout again with the encoder it started with, not the one that trains"),
 }
 """Deliberate bugs, by name: (the invariant that must catch it, what it does)."""
 
@@ -180,6 +184,8 @@ class Probe:
             raise ProbeError("--hold needs --async and --max-staleness >= 1")
         if self.plant in ("adopt-late", "version-tag") and not self.asynchronous:
             raise ProbeError(f"--plant {self.plant} needs --async (only its rollout swaps versions)")
+        if self.plant == "rescore-stale" and not settings.schedule.rescore:
+            raise ProbeError("--plant rescore-stale needs --rescore")
 
     def _fail(self, invariant: str, what: str, iteration: int, where: str, detail: str) -> None:
         error = InvariantBroken(f"async probe: invariant ({invariant}) {what} broken at iteration {iteration}, "
@@ -251,6 +257,8 @@ class Probe:
             _plant_obs_late(edge)
         if plant == "version-tag":
             _plant_version_tag(edge)
+        if plant == "rescore-stale":
+            _plant_rescore_stale(edge)
         for name in ("open_envs", "adopt", "observe", "end_rollout", "begin_training", "forward", "optimizer_step",
                      "publish"):
             setattr(edge, name, getattr(self, f"_edge_{name}")(getattr(edge, name)))
@@ -430,6 +438,8 @@ class Probe:
             self._check_versions(i, learner.versions[slot])
             self._check_outcomes(i, learner.train_buffer)
             self._check_behaviour(i, slot)
+            if self.settings.schedule.rescore:
+                self._check_rescore(i)
             buf = learner.train_buffer
             rows = {name: getattr(buf, name).clone() for name in
                     ("actions", "logprobs", "values", "rewards", "terminated", "truncated", "final_values")}
@@ -572,6 +582,25 @@ class Probe:
                                     buf.final_values[t, env])
                     self.truncations += 1
 
+    def _check_rescore(self, i: int) -> None:
+        """(f): ``--rescore``'s baseline and proximal policy are version i - 1's on every sample."""
+        learner, obs = self.learner, self._rollout_obs(i)
+        buf = learner.train_buffer
+        flat_obs = obs.reshape((-1,) + tuple(obs.shape[2:]))
+        _, logprob, value = self._behaviour(i - 1, flat_obs, buf.b_actions)
+        wanted = [("baseline value", buf.b_values, value.reshape(-1))]
+        if learner.proximal is not None:  # samples lag: their proximal policy is the one that starts training
+            lagging = learner.lagging
+            wanted.append(("proximal log-prob", learner.proximal[lagging], logprob[lagging]))
+        for what, kept, got in wanted:
+            ok = _close(kept, got)
+            self.max_err[what] = max(self.max_err.get(what, 0.0), float((kept - got).abs().max()))
+            if not bool(ok.all()):
+                k = int((~ok).nonzero()[0])
+                self._fail("f", what, i, f"(sample {k})", f"stage1 trains with {float(kept[k]):.7g}; version {i - 1}'s "
+                           f"encoder and heads give {float(got[k]):.7g} on the stored observation and action")
+        self.checked["rescored rollouts"] += 1
+
     def _bootstrap(self, i: int, where: str, what: str, version: int, got: torch.Tensor, kept: torch.Tensor) -> None:
         self.max_err["bootstrap"] = max(self.max_err["bootstrap"], float((got - kept).abs()))
         if not bool(_close(got, kept)):
@@ -643,6 +672,8 @@ class Probe:
         for what in ("stage0 rollouts", "stage1 rollouts", "stage0 trainings", "stage1 trainings"):
             if self.checked[what] != n:
                 raise ProbeError(f"checked {self.checked[what]} {what} of {n} iterations")
+        if self.settings.schedule.rescore and self.checked["rescored rollouts"] != n:
+            raise ProbeError(f"checked {self.checked['rescored rollouts']} rescored rollouts of {n} iterations")
         if self.neighbour_differs == 0:
             self._fail("c", "behaviour", n, "the whole run", f"no neighbouring version's log-prob differed from the "
                        f"stored one on any of {self.neighbour_tried} samples: the check cannot tell versions apart")
@@ -650,7 +681,9 @@ class Probe:
             "ok": True, "splitrl": str(Path(splitrl.__file__).parent), "mode": self.settings.schedule.mode,
             "max_staleness": self.bound, "hold": self.hold,
             "iterations": n, "samples": sum(self.lags.values()),
-            "invariants": ["a observations", "b outcomes", "c behaviour", "d versions", "e training data"],
+            "invariants": ["a observations", "b outcomes", "c behaviour", "d versions", "e training data"]
+            + (["f rescore"] if self.settings.schedule.rescore else []),
+            "rescored_rollouts": self.checked["rescored rollouts"],
             "lags": {str(k): v for k, v in sorted(self.lags.items())},
             "rollouts_swapping_in_flight": self.swaps, "truncations": self.truncations,
             "neighbour_samples": self.neighbour_tried, "neighbour_mismatches": self.neighbour_differs,
@@ -680,6 +713,16 @@ def _plant_obs_late(edge: Any) -> None:
 def _plant_version_tag(edge: Any) -> None:
     adopt = edge.adopt
     edge.adopt = lambda: max(adopt() - 1, 0)
+
+
+def _plant_rescore_stale(edge: Any) -> None:
+    first = _frozen(edge.net)
+
+    def stale(idx: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return first(edge.flat_obs[idx])
+
+    edge.features_now = stale
 
 
 def _plant_outcome_late(learner: Any) -> None:

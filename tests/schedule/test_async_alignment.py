@@ -55,6 +55,14 @@ def test_samples_lagging_one_and_two_versions_line_up_too():
     assert summary["rollouts_swapping_in_flight"] > 0
 
 
+def test_a_rescored_rollout_trains_against_the_network_that_starts_training():
+    """--rescore with lags of 1 and 2: the data still line up, and (f) the baseline and the proximal policy are
+    version i - 1's on every sample, in every iteration."""
+    summary = _summary(_probe("--hold", "--", "--async", "--rescore", "--max-staleness", "2", *TINY))
+    assert "f rescore" in summary["invariants"] and summary["rescored_rollouts"] == 3
+    assert summary["lags"].get("2", 0) > 0
+
+
 def test_the_pipelined_schedule_passes_the_same_checks():
     """The control: without --async nothing lags, and the same checks pass."""
     summary = _summary(_probe("--", *TINY))
@@ -64,10 +72,12 @@ def test_the_pipelined_schedule_passes_the_same_checks():
 @pytest.mark.parametrize("plant", sorted(PLANTS))
 def test_a_planted_misalignment_fails_the_invariant_that_covers_it(plant):
     """One deliberate bug at a time (an observation or an outcome stored a step late, the heads swapped a step
-    late, the version tag one behind, stage1's minibatches reordered): the probe exits 1 naming the invariant
+    late, the version tag one behind, stage1's minibatches reordered, the rollout scored again by the encoder
+    stage0 started with): the probe exits 1 naming the invariant
     that covers it."""
     invariant, _ = PLANTS[plant]
-    done = _probe("--hold", "--plant", plant, "--", "--async", "--max-staleness", "1", *SHORT)
+    rescore = ["--rescore"] if plant.startswith("rescore") else []
+    done = _probe("--hold", "--plant", plant, "--", "--async", *rescore, "--max-staleness", "1", *SHORT)
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     assert f"invariant ({invariant})" in done.stderr, done.stderr[-3000:]
     assert "iteration" in done.stderr

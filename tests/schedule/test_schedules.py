@@ -117,6 +117,38 @@ def test_asynchronous_with_no_staleness_computes_what_the_pipelined_schedule_doe
         [{k: v for k, v in r.items() if not k.startswith("net")} for r in asynchronous]
 
 
+def test_a_rescored_asynchronous_split_matches_its_twin_bit_for_bit(tmp_path, spawn):
+    """--rescore over the wire: stage0 sends the rollout's features once more before each training (bf16, as
+    train_fwd's are) and stage1 scores them; with --max-staleness 0 the run is deterministic, so the split
+    and the twin compute the same numbers, and the rescore's bytes are metered under their own kind."""
+    endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
+    args = TWO_ENVS + ["--rollout-groups", "2", "--async", "--max-staleness", "0", "--rescore", "--codec-fwd", "bf16",
+                       "--timeout", "60", "--start-timeout", "60"]
+    split = tmp_path / "split"
+    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(split), *args)
+    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(split), *args)
+    code0, out0 = s0.finish(timeout=300)
+    code1, out1 = s1.finish(timeout=30)
+    assert code0 == 0 and code1 == 0, out0 + out1
+    _twin(tmp_path / "twin", *args)
+    _assert_same_states(_states(split), _states(tmp_path / "twin"))
+    split_rows, twin_rows = _metrics(split), _metrics(tmp_path / "twin")
+    # Which iteration's record counts a rollout message depends on the threads' timing; the totals do not.
+    assert [{k: v for k, v in r.items() if not k.startswith("net")} for r in split_rows] == \
+        [{k: v for k, v in r.items() if not k.startswith("net")} for r in twin_rows]
+    assert {k: v for k, v in split_rows[-1].items() if k.startswith("net_total/")} == \
+        {k: v for k, v in twin_rows[-1].items() if k.startswith("net_total/")}
+    rows = [json.loads(line) for line in (split / "metrics.jsonl").read_text().splitlines()]
+    # 64 samples an iteration in one message of 64 x 4096 bfloat16 features, and its header.
+    assert all(r["net/rescore/sent_messages"] == 1 for r in rows)
+    assert all(64 * 4096 * 2 < r["net/rescore/sent_bytes"] < 64 * 4096 * 2 + 1024 for r in rows)
+
+
+def test_rescore_is_refused_without_async():
+    settings = TrainSettings(schedule=ScheduleSettings(rescore=True))
+    assert any("--rescore works with --async only" in e for e in settings.errors())
+
+
 def test_auto_groups_hide_the_round_trip_with_the_fewest_groups():
     # Worker envs (lag 1): K >= 2 + RTT / step.
     assert choose_groups(8, rtt=0.020, step_seconds=0.005) == 8  # 6 wanted: the next divisor up
