@@ -359,8 +359,9 @@ class RunHistory:
 def run_history(run_dir: str | Path, upto: int | None = None) -> RunHistory:
     """The iterations (up to ``upto``, if given) and episodes of one run directory.
 
-    A fleet's (`fleet_edges`) is merged into one record per iteration of the edge that went furthest (one may
-    have been dropped or joined late), its times and settings that edge's; the bytes and messages on the
+    A fleet's (`fleet_edges`) is merged into one record per iteration any edge recorded (one may have been
+    dropped, another joined late), its times and settings those of the edge that went furthest where it has
+    a record (else the first edge's that has one); the bytes and messages on the
     links summed over the edges (``net/``: those with a record of the iteration; ``net_total/``: each edge's
     newest, so a dropped edge's link still counts); the returns over every edge's episodes, the EMA taken
     over them as one edge of all the envs takes it. Raises ValueError when there is no iteration.
@@ -374,15 +375,18 @@ def run_history(run_dir: str | Path, upto: int | None = None) -> RunHistory:
         return RunHistory(records, [e for e in read_episodes(run_dir) if e["iteration"] <= last], Path(run_dir))
     by_edge = {d: {r["iteration"]: r for r in _records_upto(d, upto)} for d in edges}
     furthest = max(edges, key=lambda d: max(by_edge[d], default=0))
-    if not by_edge[furthest]:
+    iterations = sorted({i for records in by_edge.values() for i in records})
+    if not iterations:
         raise ValueError(f"{run_dir}: no iterations in any edge's metrics.jsonl")
-    last = max(by_edge[furthest])
+    last = iterations[-1]
     episodes = sorted((e for d in edges for e in read_episodes(d) if e["iteration"] <= last),
                       key=lambda e: (e["global_step"], e["env"]))
     merged: list[dict[str, Any]] = []
     newest: dict[Path, dict[str, Any]] = {}
     ema, taken = None, 0
-    for iteration, base in sorted(by_edge[furthest].items()):
+    for iteration in iterations:
+        # Times and the like: the furthest edge's, or (before it joined) the first edge's with a record.
+        base = by_edge[furthest].get(iteration) or next(by_edge[d][iteration] for d in edges if iteration in by_edge[d])
         record = {k: v for k, v in base.items() if not k.startswith(("net/", "net_total/"))}
         for d in edges:
             here = by_edge[d].get(iteration)

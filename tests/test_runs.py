@@ -154,3 +154,24 @@ def test_a_fleets_curve_report_and_kind_table_read_every_edge(tmp_path):
     assert series.label == "fleet: fp32 / bf16 / fp32"
     step_cell = kind_table([run]).splitlines()[-1].split("|")[2].strip()
     assert step_cell == f"{401 / 192:,.1f}"
+
+
+def test_a_fleet_whose_furthest_edge_joined_late_keeps_the_iterations_before_it(tmp_path):
+    """Edge 0 trains iterations 1-3 and is dropped; edge 1 joins at 2 and goes on to 5: every iteration is in the
+    merged history, each with the bytes of the edges that ran it and its own episodes."""
+    run = tmp_path / "fleet"
+    for edge, iterations in ((0, (1, 2, 3)), (1, (2, 3, 4, 5))):
+        d = run / f"edge-{edge}"
+        _write_metrics(d, [{"iteration": i, "global_step": 64 * i, "time/iteration": 8.0 + edge,
+                            "net/step/sent_bytes": 10 ** edge, "net_total/step/sent_bytes": 10 ** edge * i}
+                           for i in iterations])
+        (d / "episodes.jsonl").write_text("".join(
+            json.dumps({"iteration": i, "global_step": 64 * i - 1, "env": edge, "return": float(i)}) + "\n"
+            for i in iterations))
+    history = run_history(run)
+    assert [r["iteration"] for r in history.records] == [1, 2, 3, 4, 5]
+    assert [iteration_bytes(r) for r in history.records] == [1, 11, 11, 10, 10]
+    assert [r["charts/episodes"] for r in history.records] == [1, 2, 2, 1, 1]
+    assert [r["time/iteration"] for r in history.records] == [8.0, 9.0, 9.0, 9.0, 9.0]  # the furthest edge's where it ran
+    assert link_bytes(history.records[-1]) == 3 + 50 and history.settings_dir.name == "edge-1"
+    assert summarise_run(run)["iterations_used"] == 4  # all but the first, as for one run

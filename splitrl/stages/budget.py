@@ -42,9 +42,10 @@ KEPT = 8
 """Iterations whose levels `LinkBudget.applied` keeps: the record a choice measures may be a few behind."""
 DENSE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
 
-STREAMS = {"rollout": ("sent", "step"), "fwd": ("sent", "train_fwd"), "bwd": ("recv", "train_bwd"),
-           "exchange": ("recv", "heads")}
-"""Each knob's direction as stage0's meters see it, and the message kind whose bytes it sets."""
+STREAMS = {"rollout": ("sent", ("step",)), "fwd": ("sent", ("train_fwd", "rescore")), "bwd": ("recv", ("train_bwd",)),
+           "exchange": ("recv", ("heads",))}
+"""Each knob's direction as stage0's meters see it, and the message kinds whose bytes it sets (the asynchronous
+schedule's ``rescore`` goes through the fwd codec too)."""
 TRAINING = ("fwd", "bwd", "exchange")
 """The knobs that switch when an iteration's training begins (the rollout's switches with its first step)."""
 
@@ -162,7 +163,8 @@ class LinkBudget:
             streams = [s for s, (d, _) in STREAMS.items() if d == direction]
             total = sum(v for k, v in record.items() if k.startswith("net/") and k.endswith(f"/{direction}_bytes")
                         and k.split("/")[1] not in NOT_TRAINING_KINDS)  # evaluation's bytes are not training's
-            measured = {s: float(record.get(f"net/{STREAMS[s][1]}/{direction}_bytes", 0.0)) for s in streams}
+            measured = {s: sum(float(record.get(f"net/{kind}/{direction}_bytes", 0.0)) for kind in STREAMS[s][1])
+                        for s in streams}
             fixed = total - sum(measured.values())
             # Bytes at the configured setting, from what the setting it ran with measured.
             base = {s: measured[s] / self.ladders[s][ran[s]][1] for s in streams}

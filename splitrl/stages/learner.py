@@ -121,6 +121,8 @@ class Learner:
         """And the proximal network's values of them, the centre of their value clip."""
         self.proximal: torch.Tensor | None = None
         """Decoupled PPO's proximal log-probabilities of those samples (NaN until a minibatch first holds one)."""
+        self.codecs_for = 0
+        """The iteration whose training the fwd and bwd codecs are set up for (`_training_codecs`)."""
         self.rescored: tuple[int, torch.Tensor, torch.Tensor] | None = None
         """``--rescore``: the iteration whose rollout is being scored again, and its samples' log-probabilities
         and values under the network that starts training (flat; NaN until `rescore` fills them)."""
@@ -368,14 +370,23 @@ class Learner:
                                        "async/staleness_max": float(lag.max())})
             if weights is not None:  # how far the lagging samples' policy is from the one that trains
                 self.rollout_stats["async/weight_mean"] = float(weights[lag > 0].mean())
+        self._training_codecs(iteration)
+        return minibatch_schedule(self.settings.seed, iteration, ppo.epochs, buffer.batch_size, ppo.minibatches)
+
+    def _training_codecs(self, iteration: int) -> None:
+        """The training streams' codecs as ``iteration``'s training runs them (once: `begin_rescore` needs them
+        before `begin_training`, as stage0 has them when it sends the rescore)."""
+        if self.codecs_for == iteration:
+            return
+        self.codecs_for = iteration
         self.codecs.new_iteration("fwd", "bwd")
         if iteration in self.announced:
             self.exchange = switch(self.codecs, self.announced.pop(iteration), TRAINING)
-        return minibatch_schedule(self.settings.seed, iteration, ppo.epochs, buffer.batch_size, ppo.minibatches)
 
     def begin_rescore(self, iteration: int) -> None:
         """``--rescore``: score ``iteration``'s rollout again with the heads as they start its training, sample by
         sample (`rescore`, before `begin_training`)."""
+        self._training_codecs(iteration)
         n = self.buffers[self._slot(iteration)].batch_size
         self.rescored = (iteration, torch.full((n,), float("nan")), torch.full((n,), float("nan")))
 

@@ -26,7 +26,8 @@ version as training leaves it. For every iteration it trains it checks:
     order, and the trained slot's rows and versions do not change while it trains;
 (f) with ``--rescore``: the baseline of the advantages and value targets and the
     proximal log-probabilities of lagging samples are version i - 1's (the network
-    that starts training) on each sample's stored observation and action.
+    that starts training) on each sample's stored observation and action, and the
+    value targets are GAE on that baseline with weights min(1, pi_{i-1} / mu).
 
 The first broken invariant stops the run: a line naming it, the iteration, the
 (t, env) and the numbers goes to stderr and the exit code is 1 (2: the probe
@@ -62,6 +63,7 @@ import torch
 
 import splitrl
 from splitrl.envs import to_chw
+from splitrl.ppo import compute_gae
 
 __all__ = ["PLANTS", "InvariantBroken", "Probe", "main"]
 
@@ -439,7 +441,7 @@ class Probe:
             self._check_outcomes(i, learner.train_buffer)
             self._check_behaviour(i, slot)
             if self.settings.schedule.rescore:
-                self._check_rescore(i)
+                self._check_rescore(i, slot)
             buf = learner.train_buffer
             rows = {name: getattr(buf, name).clone() for name in
                     ("actions", "logprobs", "values", "rewards", "terminated", "truncated", "final_values")}
@@ -582,16 +584,23 @@ class Probe:
                                     buf.final_values[t, env])
                     self.truncations += 1
 
-    def _check_rescore(self, i: int) -> None:
+    def _check_rescore(self, i: int, slot: int) -> None:
         """(f): ``--rescore``'s baseline and proximal policy are version i - 1's on every sample."""
         learner, obs = self.learner, self._rollout_obs(i)
         buf = learner.train_buffer
         flat_obs = obs.reshape((-1,) + tuple(obs.shape[2:]))
         _, logprob, value = self._behaviour(i - 1, flat_obs, buf.b_actions)
-        wanted = [("baseline value", buf.b_values, value.reshape(-1))]
+        value, lagging = value.reshape(-1), learner.lagging
+        wanted = [("baseline value", buf.b_values, value)]
         if learner.proximal is not None:  # samples lag: their proximal policy is the one that starts training
-            lagging = learner.lagging
             wanted.append(("proximal log-prob", learner.proximal[lagging], logprob[lagging]))
+        # The value targets: GAE on that baseline, weighted where samples lag by min(1, pi_{i-1} / mu).
+        shape, ppo = buf.values.shape, self.settings.ppo
+        weights = torch.where(lagging, (logprob - buf.b_logprobs).exp().clamp(max=1.0), torch.ones_like(logprob))
+        _, returns = compute_gae(buf.rewards, value.reshape(shape), buf.terminated, buf.truncated, buf.final_values,
+                                 learner.last_values[slot], ppo.gamma, ppo.gae_lambda,
+                                 weights.reshape(shape) if bool(lagging.any()) else None)
+        wanted.append(("value target", buf.b_returns, returns.reshape(-1)))
         for what, kept, got in wanted:
             ok = _close(kept, got)
             self.max_err[what] = max(self.max_err.get(what, 0.0), float((kept - got).abs().max()))

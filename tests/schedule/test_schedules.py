@@ -144,6 +144,18 @@ def test_a_rescored_asynchronous_split_matches_its_twin_bit_for_bit(tmp_path, sp
     assert all(64 * 4096 * 2 < r["net/rescore/sent_bytes"] < 64 * 4096 * 2 + 1024 for r in rows)
 
 
+def test_a_rescore_goes_through_the_fwd_codec_a_link_budget_chose(tmp_path):
+    """--link-budget switches the fwd codec when an iteration's training begins: the rescore that opens it is
+    encoded and decoded with the new one on both sides (bf16 -> int8 here: half the bytes)."""
+    args = ["--num-envs", "2", "--num-steps", "16", "--total-steps", "96", "--epochs", "2", "--minibatches", "2",
+            "--max-episode-steps", "20", "--threads", "1", "--async", "--rescore", "--codec-fwd", "bf16",
+            "--link-budget", "1kbit"]
+    _twin(tmp_path / "twin", *args)
+    rows = [json.loads(line) for line in (tmp_path / "twin" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["budget/spec/fwd"] == "int8" and "budget/spec/fwd" not in rows[0]
+    assert rows[-1]["net/rescore/sent_bytes"] < 0.6 * rows[0]["net/rescore/sent_bytes"]
+
+
 def test_rescore_is_refused_without_async():
     settings = TrainSettings(schedule=ScheduleSettings(rescore=True))
     assert any("--rescore works with --async only" in e for e in settings.errors())

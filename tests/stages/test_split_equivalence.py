@@ -86,6 +86,25 @@ BOTTLENECK_REPLICA = ["--bottleneck", "32", "--codec-rollout", "int8", "--exchan
 AUTOENCODER = BOTTLENECK_REPLICA + ["--bottleneck-train", "autoencoder", "--autoencoder-every", "4"]
 
 
+@pytest.fixture(scope="module")
+def twin_of(tmp_path_factory):
+    """The twin's run directory for given training arguments, run once per set of arguments (the transport is
+    not one of them: several cases share a twin, and a lossless codec's plain baseline is the plain case's)."""
+    runs: dict[tuple[str, ...], object] = {}
+
+    def run(args: list[str]):
+        key = tuple(args)
+        if key not in runs:
+            run_dir = tmp_path_factory.mktemp("twin")
+            done = subprocess.run(splitrl_cmd("train", "--run-dir", str(run_dir), "--overwrite", *args),
+                                  env=child_env(), capture_output=True, text=True, timeout=240)
+            assert done.returncode == 0, done.stderr
+            runs[key] = run_dir
+        return runs[key]
+
+    return run
+
+
 @pytest.mark.parametrize(
     "cut, transport, codecs",
     [("cnn", "zmq", []), ("input", "zmq", []), ("cnn", "tcp", []), ("cnn", "torch-rpc", []), ("cnn", "zmq", LOSSLESS),
@@ -96,19 +115,17 @@ AUTOENCODER = BOTTLENECK_REPLICA + ["--bottleneck-train", "autoencoder", "--auto
          "cnn-zmq-replica", "cnn-zmq-replica-sync", "cnn-zmq-bottleneck", "cnn-zmq-bottleneck-replica",
          "cnn-zmq-autoencoder"],
 )
-def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, cut, transport, codecs):
+def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, twin_of, cut, transport, codecs):
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
     args = TINY + ["--cut", cut, "--timeout", "60", "--start-timeout", "60", *codecs]
-    split_dir, twin_dir = tmp_path / "split", tmp_path / "twin"
+    split_dir = tmp_path / "split"
     s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(split_dir), "--transport", transport, *args)
     s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(split_dir), "--transport", transport, *args)
     code0, out0 = s0.finish(timeout=240)
     code1, out1 = s1.finish(timeout=30)
     assert code0 == 0, out0
     assert code1 == 0, out1
-    twin = subprocess.run(splitrl_cmd("train", "--run-dir", str(twin_dir), *args), env=child_env(),
-                          capture_output=True, text=True, timeout=240)
-    assert twin.returncode == 0, twin.stderr
+    twin_dir = twin_of(args)
 
     for stage, key in (("stage0", "net"), ("stage1", "heads")):
         split_state, twin_state = _load(split_dir, stage)[key], _load(twin_dir, stage)[key]
@@ -116,11 +133,9 @@ def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, cut, transport
         for name in split_state:
             assert torch.equal(split_state[name], twin_state[name]), f"{stage}.{name}"
     if codecs and codecs not in (REPLICA, REPLICA_SYNC, BOTTLENECK, BOTTLENECK_REPLICA, AUTOENCODER):  # lossless codecs must match the plain run
-        baseline = subprocess.run(splitrl_cmd("train", "--run-dir", str(tmp_path / "plain"), *args[: -len(codecs)]),
-                                  env=child_env(), capture_output=True, text=True, timeout=240)
-        assert baseline.returncode == 0, baseline.stderr
+        plain_dir = twin_of(args[: -len(codecs)])
         for stage, key in (("stage0", "net"), ("stage1", "heads")):
-            plain = _load(tmp_path / "plain", stage)[key]
+            plain = _load(plain_dir, stage)[key]
             for name, value in _load(twin_dir, stage)[key].items():
                 assert torch.equal(value, plain[name]), f"codecs changed {stage}.{name}"
     split_metrics, twin_metrics = _metrics(split_dir), _metrics(twin_dir)
