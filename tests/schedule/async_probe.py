@@ -249,18 +249,17 @@ class Probe:
 
     # -- stage0 ------------------------------------------------------------------------------------------------
 
+    def _plant(self, stage: str, obj: Any) -> None:
+        """Corrupt ``obj`` (the Edge or the Learner) with the planted bug, if it is this stage's."""
+        if self.plant is not None and PLANT_STAGES[self.plant][0] == stage:
+            PLANT_STAGES[self.plant][1](obj)
+
     def watch_edge(self, edge: Any) -> None:
         self.edge = edge
         self._freeze(self.encoders, 0, edge.net)
         if edge.acting is not edge.net:
             self._register("stage0", edge.acting, 0)
-        plant = self.plant
-        if plant == "obs-late":
-            _plant_obs_late(edge)
-        if plant == "version-tag":
-            _plant_version_tag(edge)
-        if plant == "rescore-stale":
-            _plant_rescore_stale(edge)
+        self._plant("stage0", edge)
         for name in ("open_envs", "adopt", "observe", "end_rollout", "begin_training", "forward", "optimizer_step",
                      "publish"):
             setattr(edge, name, getattr(self, f"_edge_{name}")(getattr(edge, name)))
@@ -398,13 +397,7 @@ class Probe:
         self._freeze(self.heads, 0, learner.heads)
         if learner.acting is not learner.heads:
             self._register("stage1", learner.acting, 0)
-        plant = self.plant
-        if plant == "outcome-late":
-            _plant_outcome_late(learner)
-        if plant == "adopt-late":
-            _plant_adopt_late(learner)
-        if plant == "reshuffle":
-            _plant_reshuffle(learner)
+        self._plant("stage1", learner)
         for name in ("act_groups", "end_rollout", "begin_training", "loss", "optimizer_step", "publish"):
             setattr(learner, name, getattr(self, f"_learner_{name}")(getattr(learner, name)))
 
@@ -763,6 +756,13 @@ def _plant_reshuffle(learner: Any) -> None:
 
 # -- the command -----------------------------------------------------------------------------------------------
 
+PLANT_STAGES: dict[str, tuple[str, Callable[[Any], None]]] = {
+    "obs-late": ("stage0", _plant_obs_late), "version-tag": ("stage0", _plant_version_tag),
+    "rescore-stale": ("stage0", _plant_rescore_stale), "outcome-late": ("stage1", _plant_outcome_late),
+    "adopt-late": ("stage1", _plant_adopt_late), "reshuffle": ("stage1", _plant_reshuffle),
+}
+"""Each planted bug's stage and what plants it (`PLANTS` says what it does)."""
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -825,3 +825,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -44,17 +44,22 @@ def _twin(run_dir, *args):
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_pipelined_split_matches_its_twin_bit_for_bit(tmp_path, spawn):
-    """Two env groups and two micro-batches, envs in worker processes on the split's edge: the twin,
-    with the same groups and micro-batches but envs stepped in-process, computes the same numbers."""
+def _split(run_dir, spawn, args, *stage0_args):
+    """A split run over loopback tcp with ``args`` on both stages (``stage0_args`` on stage0 alone)."""
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
-    args = TWO_ENVS + ["--rollout-groups", "2", "--microbatches", "2", "--timeout", "60", "--start-timeout", "60"]
-    split = tmp_path / "split"
-    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(split), *args)
-    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(split), "--vector", "async", *args)
+    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(run_dir), *args)
+    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(run_dir), *stage0_args, *args)
     code0, out0 = s0.finish(timeout=300)
     code1, out1 = s1.finish(timeout=30)
     assert code0 == 0 and code1 == 0, out0 + out1
+
+
+def test_pipelined_split_matches_its_twin_bit_for_bit(tmp_path, spawn):
+    """Two env groups and two micro-batches, envs in worker processes on the split's edge: the twin,
+    with the same groups and micro-batches but envs stepped in-process, computes the same numbers."""
+    args = TWO_ENVS + ["--rollout-groups", "2", "--microbatches", "2", "--timeout", "60", "--start-timeout", "60"]
+    split = tmp_path / "split"
+    _split(split, spawn, args, "--vector", "async")
     _twin(tmp_path / "twin", *args)
     _assert_same_states(_states(split), _states(tmp_path / "twin"))
     assert _metrics(split) == _metrics(tmp_path / "twin")
@@ -121,15 +126,10 @@ def test_a_rescored_asynchronous_split_matches_its_twin_bit_for_bit(tmp_path, sp
     """--rescore over the wire: stage0 sends the rollout's features once more before each training (bf16, as
     train_fwd's are) and stage1 scores them; with --max-staleness 0 the run is deterministic, so the split
     and the twin compute the same numbers, and the rescore's bytes are metered under their own kind."""
-    endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
     args = TWO_ENVS + ["--rollout-groups", "2", "--async", "--max-staleness", "0", "--rescore", "--codec-fwd", "bf16",
                        "--timeout", "60", "--start-timeout", "60"]
     split = tmp_path / "split"
-    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(split), *args)
-    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(split), *args)
-    code0, out0 = s0.finish(timeout=300)
-    code1, out1 = s1.finish(timeout=30)
-    assert code0 == 0 and code1 == 0, out0 + out1
+    _split(split, spawn, args)
     _twin(tmp_path / "twin", *args)
     _assert_same_states(_states(split), _states(tmp_path / "twin"))
     split_rows, twin_rows = _metrics(split), _metrics(tmp_path / "twin")
@@ -195,15 +195,10 @@ def test_auto_groups_are_chosen_and_recorded(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("bound", [0, 1])
 def test_asynchronous_split_runs_within_its_staleness_bound(tmp_path, spawn, bound):
-    endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
     args = TINY + ["--total-steps", "96", "--async", "--max-staleness", str(bound), "--timeout", "60",
                    "--start-timeout", "60"]
     run = tmp_path / "split"
-    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(run), *args)
-    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(run), "--vector", "async", *args)
-    code0, out0 = s0.finish(timeout=300)
-    code1, out1 = s1.finish(timeout=30)
-    assert code0 == 0 and code1 == 0, out0 + out1
+    _split(run, spawn, args, "--vector", "async")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1, 2, 3] and rows[-1]["global_step"] == 96
     assert all(r["async/staleness_max"] <= bound for r in rows)  # how far below depends on the machine's timing
@@ -253,15 +248,10 @@ def test_target_kl_ends_the_epochs_on_both_stages_and_anneal_lr_lowers_both_rate
     """Pipelined with micro-batches over a real link, then its twin: a target KL no update stays under ends
     every iteration after its first epoch (half the training messages), the split still computes what the
     twin does, and both learning rates go down linearly (CleanRL: lr x (1 - (iteration - 1) / iterations))."""
-    endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
     args = TWO_ENVS + ["--rollout-groups", "2", "--microbatches", "2", "--timeout", "60", "--start-timeout", "60",
                        "--target-kl", "1e-12", "--anneal-lr"]
     split = tmp_path / "split"
-    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(split), *args)
-    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(split), *args)
-    code0, out0 = s0.finish(timeout=300)
-    code1, out1 = s1.finish(timeout=30)
-    assert code0 == 0 and code1 == 0, out0 + out1
+    _split(split, spawn, args)
     _twin(tmp_path / "twin", *args)
     _assert_same_states(_states(split), _states(tmp_path / "twin"))
     assert _metrics(split) == _metrics(tmp_path / "twin")
