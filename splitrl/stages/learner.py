@@ -121,8 +121,6 @@ class Learner:
         """And the proximal network's values of them, the centre of their value clip."""
         self.proximal: torch.Tensor | None = None
         """Decoupled PPO's proximal log-probabilities of those samples (NaN until a minibatch first holds one)."""
-        self.codecs_for = 0
-        """The iteration whose training the fwd and bwd codecs are set up for (`_training_codecs`)."""
         self.rescored: tuple[int, torch.Tensor, torch.Tensor] | None = None
         """``--rescore``: the iteration whose rollout is being scored again, and its samples' log-probabilities
         and values under the network that starts training (flat; NaN until `rescore` fills them)."""
@@ -347,16 +345,16 @@ class Learner:
         rescored, self.rescored = self.rescored, None
         baseline = None
         if rescored is not None:
-            scored, logprob, values = rescored
-            if scored != iteration or bool(logprob.isnan().any()):
+            scored, scored_logprobs, scored_values = rescored
+            if scored != iteration or bool(scored_logprobs.isnan().any()):
                 raise ProtocolError(f"iteration {iteration}: the rollout was not scored again before its training "
-                                    f"(--rescore; scored: iteration {scored}, {int(logprob.isnan().sum())} samples "
-                                    "missing)")
-            baseline = values.reshape(lag.shape)
+                                    f"(--rescore; scored: iteration {scored}, {int(scored_logprobs.isnan().sum())} "
+                                    "samples missing)")
+            baseline = scored_values.reshape(lag.shape)
         if bool(self.lagging.any()):
             if rescored is not None:
-                logprob = rescored[1].reshape(lag.shape)
-                self.proximal, self.proximal_values = rescored[1].clone(), rescored[2].clone()
+                logprob = scored_logprobs.reshape(lag.shape)
+                self.proximal, self.proximal_values = scored_logprobs.clone(), scored_values.clone()
             else:
                 logprob = self._logprobs(self.inputs[slot], buffer.actions)
                 self.proximal = torch.full_like(self.lagging, float("nan"), dtype=torch.float32)
@@ -370,15 +368,13 @@ class Learner:
                                        "async/staleness_max": float(lag.max())})
             if weights is not None:  # how far the lagging samples' policy is from the one that trains
                 self.rollout_stats["async/weight_mean"] = float(weights[lag > 0].mean())
-        self._training_codecs(iteration)
+        if rescored is None:  # (a rescore set them up already: stage0 encoded it with them)
+            self._training_codecs(iteration)
         return minibatch_schedule(self.settings.seed, iteration, ppo.epochs, buffer.batch_size, ppo.minibatches)
 
     def _training_codecs(self, iteration: int) -> None:
-        """The training streams' codecs as ``iteration``'s training runs them (once: `begin_rescore` needs them
-        before `begin_training`, as stage0 has them when it sends the rescore)."""
-        if self.codecs_for == iteration:
-            return
-        self.codecs_for = iteration
+        """The training streams' codecs as ``iteration``'s training runs them, from its rescore if there is one
+        (`begin_rescore`), else from `begin_training`."""
         self.codecs.new_iteration("fwd", "bwd")
         if iteration in self.announced:
             self.exchange = switch(self.codecs, self.announced.pop(iteration), TRAINING)
@@ -397,10 +393,7 @@ class Learner:
         assert self.rescored is not None
         iteration, logprobs, values = self.rescored
         buffer = self.buffers[self._slot(iteration)]
-        actions = buffer.actions.reshape((-1,) + buffer.action_shape)[idx]
-        with torch.no_grad():
-            _, logprob, _, value = self.heads.evaluate(*self.heads.outputs(x), actions)
-        logprobs[idx], values[idx] = logprob, value.reshape(-1)
+        logprobs[idx], values[idx] = self._score(x, buffer.actions.reshape((-1,) + buffer.action_shape)[idx])
 
     def rescore_stored(self, chunks: list[torch.Tensor]) -> None:
         """`rescore` every sample from its stored input, in ``chunks`` of indices (the cut before the first
@@ -415,10 +408,14 @@ class Learner:
         t, n = inputs.shape[:2]
         flat = inputs.reshape((t * n,) + inputs.shape[2:])
         flat_actions = actions.reshape((t * n,) + actions.shape[2:])
-        with torch.no_grad():
-            logprobs = [self.heads.evaluate(*self.heads.outputs(flat[rows]), flat_actions[rows])[1]
-                        for rows in torch.arange(t * n).split(512)]
+        logprobs = [self._score(flat[rows], flat_actions[rows])[0] for rows in torch.arange(t * n).split(512)]
         return torch.cat(logprobs).reshape(t, n)
+
+    def _score(self, x: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training heads' log-probabilities of ``actions`` and values on inputs ``x``, without a graph."""
+        with torch.no_grad():
+            _, logprob, _, value = self.heads.evaluate(*self.heads.outputs(x), actions)
+        return logprob, value.reshape(-1)
 
     def loss(self, idx: torch.Tensor, mean: torch.Tensor, value: torch.Tensor,
              minibatch: torch.Tensor | None = None) -> torch.Tensor:
