@@ -10,6 +10,7 @@ tree's runs in the same benchmark: a before/after comparison on one noisy machin
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from typing import Any, Iterator, Sequence
 
 from ..runs import read_metrics, summarise_run
 
-__all__ = ["run_e2e_bench", "format_e2e_table", "PAPER_SECONDS_PER_ITERATION"]
+__all__ = ["run_e2e_bench", "format_e2e_table", "history_table", "PAPER_SECONDS_PER_ITERATION"]
 
 PAPER_SECONDS_PER_ITERATION = (180.0, 250.0)
 """The paper's own code (torch RPC, one env) on a 2-core machine like ours, per 4096-step iteration."""
@@ -118,4 +119,27 @@ def format_e2e_table(rows: list[dict[str, Any]]) -> str:
             f"| {lo / spi:.1f}-{hi / spi:.1f}x faster | {r['time/env']:.1f} | {r['time/encoder']:.1f} "
             f"| {r['time/heads']:.1f} | {r['time/link_wait']:.1f} | {r['bytes_per_iteration'] / 1e6:.0f} |"
         )
+    return "\n".join(lines)
+
+
+def history_table(paths: Sequence[str | Path]) -> str:
+    """Markdown, one line per saved bench (``--json`` FILE): this tree's split and twin seconds per iteration in
+    that run and split against twin as the main table's 'vs twin' has it (split steps/s over the twin's mean).
+    One run's ratio a line: side by side they show how far that ratio moves between runs."""
+    lines = ["| run | against | split s/iteration | twin s/iteration | split vs twin |", "|---|---|---:|---:|---:|"]
+    for path in map(Path, paths):
+        name = path.name
+        try:
+            rows = json.loads(path.read_text())
+            mine = [r for r in rows if r.get("version", "this") == "this"]
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{path}: not the rows of `splitrl bench e2e --json` ({exc})") from None
+        split = [r for r in mine if r["mode"] == "split"]
+        twin = [r for r in mine if r["mode"] == "twin"]
+        if not split or not twin:
+            raise ValueError(f"{name}: no split and twin rows of this tree (not a `splitrl bench e2e --json` file?)")
+        against = sorted({str(r["version"])[:7] for r in rows if r.get("version", "this") != "this"})
+        ratio = (sum(r["SPS"] for r in split) / len(split)) / (sum(r["SPS"] for r in twin) / len(twin))
+        seconds = [" / ".join(f"{r['seconds_per_iteration']:.1f}" for r in part) for part in (split, twin)]
+        lines.append(f"| {name} | {', '.join(against) or '-'} | {seconds[0]} | {seconds[1]} | {ratio:.2f}x |")
     return "\n".join(lines)

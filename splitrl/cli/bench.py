@@ -152,15 +152,20 @@ def bench_learning(names: tuple[str, ...], iterations: int, out_dir: str, table_
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
 @click.option("--against", metavar="REV",
               help="also run every mode from a git checkout of REV, interleaved with this tree (before/after)")
+@click.option("--history", "history", multiple=True, type=click.Path(dir_okay=False, exists=True),
+              help="run nothing: one line per saved --json FILE (repeat it), this tree's split against its twin")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def bench_e2e(iterations: int, repeats: int, out_dir: str | None, json_path: str | None, against: str | None,
-              extra: tuple[str, ...]) -> None:
+              history: tuple[str, ...], extra: tuple[str, ...]) -> None:
     """Steps/s of the paper configuration, split over loopback vs the twin, with the phase breakdown.
 
     EXTRA arguments (after --) go to every run, e.g. -- --threads 2.
     """
-    from ..bench.e2e_bench import format_e2e_table, run_e2e_bench
+    from ..bench.e2e_bench import format_e2e_table, history_table, run_e2e_bench
 
+    if history:
+        click.echo(run_cli(lambda: history_table(history)))
+        return
     rows = run_cli(lambda: run_e2e_bench(iterations=iterations, repeats=repeats, extra_args=extra, out_dir=out_dir,
                                          against=against))
     click.echo(format_e2e_table(rows))

@@ -1,4 +1,8 @@
-from splitrl.bench.e2e_bench import format_e2e_table, run_e2e_bench
+import json
+
+import pytest
+
+from splitrl.bench.e2e_bench import format_e2e_table, history_table, run_e2e_bench
 
 
 def test_e2e_bench_runs_a_git_revision_beside_this_tree(tmp_path):
@@ -15,3 +19,26 @@ def test_e2e_bench_runs_a_git_revision_beside_this_tree(tmp_path):
     table = format_e2e_table(rows).splitlines()
     assert table[0].startswith("| version | mode |") and "| HEAD | twin | 0 |" in table[-1]
     assert any("| this | split | 0 |" in line for line in table)
+
+
+def test_the_history_table_puts_each_saved_runs_split_against_its_twin(tmp_path):
+    def row(version, mode, seconds):
+        return {"version": version, "mode": mode, "seconds_per_iteration": seconds, "SPS": 4096 / seconds}
+
+    saved = tmp_path / "e2e-a.json"
+    saved.write_text(json.dumps([row("this", "split", 120.0), row("abcdef123", "split", 100.0),
+                                 row("this", "twin", 100.0), row("this", "twin", 80.0), row("abcdef123", "twin", 90.0)]))
+    lines = history_table([saved]).splitlines()
+    # split steps/s over the mean of the twin's: (4096 / 120) / ((4096 / 100 + 4096 / 80) / 2)
+    assert lines[2] == "| e2e-a.json | abcdef1 | 120.0 | 100.0 / 80.0 | 0.74x |"
+    alone = tmp_path / "split-only.json"
+    alone.write_text(json.dumps([row("this", "split", 1.0)]))
+    with pytest.raises(ValueError, match="split-only.json: no split and twin rows"):
+        history_table([alone])
+    with pytest.raises(ValueError, match="not the rows of `splitrl bench e2e --json`"):
+        history_table([tmp_path / "e2e-a.json", _text(tmp_path / "notes.md", "# not json")])
+
+
+def _text(path, text):
+    path.write_text(text)
+    return path
