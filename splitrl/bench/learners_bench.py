@@ -36,25 +36,28 @@ def _learner(rank: int, world: int, store: str, repeats: int, out: Any) -> None:
         settings = TrainSettings()
         _, heads = agent(settings, inspect_env(settings.env))
         params = list(heads.parameters())
-        for p in params:
-            p.grad = torch.ones_like(p)
         learners = Learners(rank, world)
         times = []
         for i in range(repeats + 3):  # three to warm up
+            for p in params:  # learner r's gradient is r + 1 everywhere: the sum is known
+                p.grad = torch.full_like(p, rank + 1.0)
             dist.barrier()
             start = time.perf_counter()
             learners.sum_gradients(params)
             if i >= 3:
                 times.append(time.perf_counter() - start)
+        summed = sorted({float(v) for p in params for v in p.grad.unique()})
         if rank == 0:
             out.update(params=sum(p.numel() for p in params), median_s=statistics.median(times),
-                       minibatches=settings.ppo.epochs * settings.ppo.minibatches)
+                       minibatches=settings.ppo.epochs * settings.ppo.minibatches, summed=summed)
     finally:
         dist.destroy_process_group()
 
 
 def allreduce_times(learners: int = 2, repeats: int = 20) -> dict[str, Any]:
-    """{params, median_s (one all-reduce), minibatches (a paper iteration's), per_iteration_s, mb_per_iteration}."""
+    """{params, median_s (one all-reduce), minibatches (a paper iteration's), per_iteration_s, mb_per_iteration
+    (computed from the ring all-reduce's share, not counted), summed (the distinct values of learner 0's
+    gradients after the last all-reduce: [L (L + 1) / 2] when every learner's gradient was its rank + 1)}."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp, mp.get_context("spawn").Manager() as manager:

@@ -77,11 +77,26 @@ def test_an_unknown_key_is_refused_and_stage1_keeps_serving(spawn, keydir, tmp_p
         ctx.term()
 
 
-def test_stage0_talks_only_to_the_server_key_it_pins(spawn, raw_peers, keydir, tmp_path):
+@pytest.mark.parametrize("impostor, pinned", [("plain", True), ("plain", False), ("curve", True)])
+def test_stage0_talks_only_to_the_server_key_it_pins(spawn, raw_peers, keydir, tmp_path, impostor, pinned):
+    """An impostor stage1 in stage0's place: one speaking no CURVE (the control: a stage0 without --curve gives
+    it its hello, so the impostor would hear a stage0 that did not pin) or one with a CURVE key of its own. A
+    stage0 that pins stage1's key sends neither a byte of its hello and says it heard nothing."""
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
-    public, secret = zmq.curve_keypair()  # an impostor stage1 with a key of its own
-    raw_peers(endpoint, bind=True, curve={"CURVE_SERVER": 1, "CURVE_PUBLICKEY": public, "CURVE_SECRETKEY": secret})
-    stage0 = spawn("stage0", "--connect", endpoint, *_args(tmp_path, "s0", keydir), "--start-timeout", "5")
+    curve = None
+    if impostor == "curve":
+        public, secret = zmq.curve_keypair()
+        curve = {"CURVE_SERVER": 1, "CURVE_PUBLICKEY": public, "CURVE_SECRETKEY": secret}
+    peer = raw_peers(endpoint, bind=True, timeout=8, curve=curve)  # longer than stage0's --start-timeout
+    stage0 = spawn("stage0", "--connect", endpoint, *_args(tmp_path, "s0", keydir if pinned else None),
+                   "--start-timeout", "5")
+    if not pinned:
+        kind, header, _ = peer.recv()
+        assert kind == "hello" and header["role"] == "stage0"
+        stage0.finish(timeout=120)  # (no answer: it gives up after its --start-timeout)
+        return
+    with pytest.raises(zmq.Again):
+        peer.recv()
     code, out = stage0.finish(timeout=120)
     assert code == 1, out
     assert "no message from stage1" in out

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from splitrl.launch import free_port_pair
-from splitrl.runs import load_checkpoint
+from splitrl.runs import load_checkpoint, read_metrics
 from splitrl.schedule import pipelined, session
 from splitrl.schedule.pipelined import choose_groups, rollout_lag
 from splitrl.settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
@@ -107,6 +107,9 @@ def test_micro_batches_change_the_update_only_by_the_order_of_float_sums(tmp_pat
         diff = sum(float(((four[stage][k] - one[stage][k]) ** 2).sum()) for k in one[stage])
         move = sum(float(((one[stage][k] - initial[stage][k]) ** 2).sum()) for k in one[stage])
         assert move > 0 and (diff / move) ** 0.5 < 1e-4, stage
+    # ... and the four micro-batches did cross the link: four forward messages where one run sent one
+    sent = [read_metrics(tmp_path / run)[-1]["net/train_fwd/sent_messages"] for run in ("m1", "m4")]
+    assert sent[1] == 4 * sent[0] > 0
 
 
 def test_asynchronous_with_no_staleness_computes_what_the_pipelined_schedule_does(tmp_path):
