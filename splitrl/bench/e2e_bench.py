@@ -128,7 +128,6 @@ def history_table(paths: Sequence[str | Path]) -> str:
     One run's ratio a line: side by side they show how far that ratio moves between runs."""
     lines = ["| run | against | split s/iteration | twin s/iteration | split vs twin |", "|---|---|---:|---:|---:|"]
     for path in map(Path, paths):
-        name = path.name
         try:
             rows = json.loads(path.read_text())
             mine = [r for r in rows if r.get("version", "this") == "this"]
@@ -137,9 +136,9 @@ def history_table(paths: Sequence[str | Path]) -> str:
         split = [r for r in mine if r["mode"] == "split"]
         twin = [r for r in mine if r["mode"] == "twin"]
         if not split or not twin:
-            raise ValueError(f"{name}: no split and twin rows of this tree (not a `splitrl bench e2e --json` file?)")
+            raise ValueError(f"{path}: no split and twin rows of this tree (not a `splitrl bench e2e --json` file?)")
         against = sorted({str(r["version"])[:7] for r in rows if r.get("version", "this") != "this"})
         ratio = (sum(r["SPS"] for r in split) / len(split)) / (sum(r["SPS"] for r in twin) / len(twin))
         seconds = [" / ".join(f"{r['seconds_per_iteration']:.1f}" for r in part) for part in (split, twin)]
-        lines.append(f"| {name} | {', '.join(against) or '-'} | {seconds[0]} | {seconds[1]} | {ratio:.2f}x |")
+        lines.append(f"| {path.name} | {', '.join(against) or '-'} | {seconds[0]} | {seconds[1]} | {ratio:.2f}x |")
     return "\n".join(lines)

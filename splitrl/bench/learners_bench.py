@@ -46,10 +46,10 @@ def _learner(rank: int, world: int, store: str, repeats: int, out: Any) -> None:
             learners.sum_gradients(params)
             if i >= 3:
                 times.append(time.perf_counter() - start)
-        summed = sorted({float(v) for p in params for v in p.grad.unique()})
         if rank == 0:
             out.update(params=sum(p.numel() for p in params), median_s=statistics.median(times),
-                       minibatches=settings.ppo.epochs * settings.ppo.minibatches, summed=summed)
+                       minibatches=settings.ppo.epochs * settings.ppo.minibatches,
+                       summed=sorted({float(v) for p in params for v in p.grad.unique()}))
     finally:
         dist.destroy_process_group()
 

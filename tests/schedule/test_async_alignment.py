@@ -57,6 +57,12 @@ def test_samples_lagging_one_and_two_versions_line_up_and_rescored_train_against
     assert "f rescore" in summary["invariants"] and summary["rescored_rollouts"] == 3
 
 
+def test_the_pipelined_schedule_passes_the_same_checks():
+    """The control: without --async nothing lags, and the same checks pass."""
+    summary = _summary(_probe("--", *TINY))
+    assert summary["mode"] == "pipelined" and summary["lags"] == {"0": 192}
+
+
 @pytest.mark.parametrize("plant", sorted(PLANTS))
 def test_a_planted_misalignment_fails_the_invariant_that_covers_it(plant):
     """One deliberate bug at a time (an observation or an outcome stored a step late, the heads swapped a step
