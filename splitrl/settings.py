@@ -343,6 +343,9 @@ FLEET_CODECS = ("fp32", "bf16", "fp16", "int8", "relu")
 would be split across the edges (the rollout stream takes any codec: its state is per env)."""
 
 
+PUBLISH = ("iteration", "epoch")
+
+
 @dataclass(frozen=True)
 class ScheduleSettings:
     """When each stage works (`splitrl.schedule`): the stages take turns unless these ask for overlap."""
@@ -362,6 +365,13 @@ class ScheduleSettings:
     max_staleness: int = doc(
         1, "with --async: the most policy versions a sample may lag behind the policy that trains on it "
            "(0: none, the rollout waits for training)")
+    publish: str = doc(
+        "iteration", "with --async: when the trained weights become the acting ones: 'iteration' (when its training "
+                     "ends; the rollout takes the newest at each step) or 'epoch' (after every epoch, paced: step t "
+                     "of a rollout of T steps acts with the weights after floor(t * E / T) of the E epochs of the "
+                     "training beside it, so the rollout spans that training and a sample lags E down to 1 epochs, "
+                     "(E + 1) / (2E) of an iteration on average instead of 1; deterministic; needs --max-staleness 1)",
+        choices=PUBLISH)
     rescore: bool = doc(
         False, "with --async: before an iteration trains, score its rollout once more with the network that "
                "starts training (one more pass of the encoder, its features sent as train_fwd's are): decoupled "
@@ -429,6 +439,15 @@ class ScheduleSettings:
             if odd:
                 out.append(f"--edges > 1 takes the training codecs {', '.join(FLEET_CODECS)} only (per-sample state "
                            f"would be split across the edges): {', '.join(odd)}")
+        if self.publish not in PUBLISH:
+            out.append(f"--publish must be one of {', '.join(PUBLISH)}, got {self.publish!r}")
+        elif self.publish == "epoch":
+            if not self.asynchronous or self.max_staleness != 1:
+                out.append("--publish epoch paces an asynchronous rollout against the one training beside it: "
+                           "it needs --async --max-staleness 1")
+            if cut == "input":
+                out.append("--publish epoch needs --cut cnn (with --cut input stage1 trains alone, and stage0 sees "
+                           "no epochs to act on)")
         if self.rescore and not self.asynchronous:
             out.append("--rescore works with --async only (without it no sample lags)")
         if self.asynchronous:
@@ -483,6 +502,12 @@ class TrainSettings:
         return dataclasses.replace(
             self, env=dataclasses.replace(self.env, num_envs=self.total_envs),
             schedule=dataclasses.replace(self.schedule, edges=1, rollout_groups=str(self.schedule.edges)))
+
+    @property
+    def versions_per_iteration(self) -> int:
+        """Policy versions one iteration's training publishes (`ScheduleSettings.publish`): an acting version
+        counts epochs with --publish epoch, iterations otherwise."""
+        return self.ppo.epochs if self.schedule.publish == "epoch" else 1
 
     @property
     def num_iterations(self) -> int:

@@ -11,8 +11,17 @@ adopts them between two steps, tagging each step with the version it acted with
 (PipelineRL's in-flight weight update: one rollout may span two versions). So
 the encoder and the heads that act on a step are always of one version.
 
+With ``--publish epoch`` both stages publish after every epoch and a version
+counts epochs (P = E of them an iteration, `TrainSettings.versions_per_iteration`;
+P = 1 otherwise). The rollout is then paced rather than free (`paced_version`):
+step t of iteration i's rollout (T steps) acts with the weights after
+floor(t * P / T) epochs of iteration i - 1's training, waiting for them if they
+are not there yet, so the rollout spans that training, its samples lag P down to
+1 epochs, and which weights act on a step does not depend on the machines' speed
+(split and twin compute the same numbers).
+
 A sample acted on by version v and trained on in iteration i lags by
-``i - 1 - v`` versions. PPO's ratio is taken against the log-probability of the
+``(i - 1) * P - v`` versions (reported in iterations). PPO's ratio is taken against the log-probability of the
 policy that acted (stored with the sample); its value targets get truncated
 importance weights where it lags (`Learner.begin_training`); ``async/staleness_mean``
 and ``async/staleness_max`` go to the metrics. ``--max-staleness S`` bounds the
@@ -94,13 +103,31 @@ def stage1_rescore(learner: Learner, exchange: LearnerExchange, link: Transport,
             exchange.rescore(msg, idx)
 
 
+def paced_version(iteration: int, t: int, steps: int, per_iteration: int, first: int) -> int:
+    """``--publish epoch``: the version step ``t`` of ``iteration``'s rollout (``steps`` long) acts with: the weights
+    after floor(t * P / T) epochs of iteration - 1's training, or those the run starts from (``first``: its first
+    iteration) where that is earlier."""
+    return max((first - 1) * per_iteration, (iteration - 2) * per_iteration + t * per_iteration // steps)
+
+
+def epoch_versions(iteration: int, epoch: int, last: bool, per_iteration: int) -> list[int]:
+    """The versions the weights after ``epoch`` of ``iteration``'s training are published as: one an epoch with
+    --publish epoch (P = epochs), at the last epoch every number up to the iteration's end (an early stop,
+    --target-kl, publishes the same weights under the epochs it skipped); with P = 1 only the last, as i."""
+    if not last:
+        return [(iteration - 1) * per_iteration + epoch + 1] if per_iteration > 1 else []
+    return list(range((iteration - 1) * per_iteration + min(epoch + 1, per_iteration), iteration * per_iteration + 1))
+
+
 class _Progress:
-    """What the two threads of one stage tell each other: rollouts collected, iterations trained, a failure."""
+    """What the two threads of one stage tell each other: rollouts collected, iterations trained, versions
+    published, a failure."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.collected = 0
         self.trained = 0
+        self.published = 0
         self.error: BaseException | None = None
 
     def wait(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
@@ -170,20 +197,35 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
     bound, timeout = s.schedule.max_staleness, link.timeout
 
     first = edge.train_iteration + 1  # from a checkpoint's, if resumed
-    progress.set(collected=first - 1, trained=first - 1)
+    per_iteration = s.versions_per_iteration
+    progress.set(collected=first - 1, trained=first - 1, published=(first - 1) * per_iteration)
+
+    def versions(iteration: int, clock: PhaseClock) -> Callable[[int], int]:
+        if s.schedule.publish != "epoch":
+            return lambda t: edge.adopt()  # the newest
+
+        def paced(t: int) -> int:
+            version = paced_version(iteration, t, s.ppo.num_steps, per_iteration, first)
+            with clock("pace"):
+                progress.wait(lambda: progress.published >= version, timeout * s.num_iterations,
+                              f"policy version {version} to act with")
+            return edge.adopt(version)
+        return paced
 
     def collect() -> None:
         for iteration in range(first, s.num_iterations + 1):
             progress.wait(lambda: progress.trained >= iteration - 1 - bound, timeout * s.num_iterations,
                           f"iteration {iteration - 1 - bound} to train")
-            clocks[iteration] = PhaseClock()
-            stage0_rollout(edge, rollout_link, clocks[iteration], iteration, versions=True)
+            clock = clocks[iteration] = PhaseClock()
+            stage0_rollout(edge, rollout_link, clock, iteration, versions=versions(iteration, clock))
             rollouts[iteration] = edge.rollout_summary()
             progress.set(collected=iteration)
 
-    def publish(iteration: int) -> None:
-        edge.publish()
-        progress.set(trained=iteration)
+    def publish(iteration: int, epoch: int, last: bool) -> None:
+        published = epoch_versions(iteration, epoch, last, per_iteration)
+        if published:
+            edge.publish(published) if per_iteration > 1 else edge.publish()
+            progress.set(published=published[-1], **({"trained": iteration} if last else {}))
 
     metrics = IterationLog(edge, train_link, extra=measured)
     with _alongside("stage0 rollout", collect, progress, channels):
@@ -196,13 +238,13 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
             if edge.trains:
                 if s.schedule.rescore:
                     stage0_rescore(edge, exchange, train_link, clock, iteration)
-                stage0_train(edge, exchange, train_link, clock, schedule)
-                publish(iteration)
+                stage0_train(edge, exchange, train_link, clock, schedule,
+                             on_epoch=lambda epoch, last: publish(iteration, epoch, last))
             checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
             rollout = rollouts.pop(iteration)
             stats = stage0_finish(edge, exchange, train_link, clock, iteration, checkpoint, rollout, evaluation)
             if not edge.trains:  # stage1 trained alone, and said so with its statistics
-                publish(iteration)
+                publish(iteration, s.ppo.epochs - 1, True)
             metrics.end(iteration, clock, stats, rollout)
     return metrics.records
 
@@ -218,13 +260,14 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
     rollouts: dict[int, dict[str, Any]] = {}
     bound = s.schedule.max_staleness
     first = learner.train_iteration + 1  # from a checkpoint's, if resumed
-    progress.set(collected=first - 1, trained=first - 1)
+    per_iteration = s.versions_per_iteration
+    progress.set(collected=first - 1, trained=first - 1, published=(first - 1) * per_iteration)
 
     def adopt(version: Any) -> None:
-        if not isinstance(version, int) or version < 0:
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise ProtocolError(f"step: expected the acting version v >= 0, got {peer_repr(version)}")
-        # stage0 publishes after its last optimizer step, which may come before ours: wait for it.
-        progress.wait(lambda: progress.trained >= version, link.timeout, f"policy version {version}")
+        # stage0 publishes after its optimizer step, which may come before ours: wait for it.
+        progress.wait(lambda: progress.published >= version, link.timeout, f"policy version {version}")
         learner.adopt(version)
 
     def collect() -> None:
@@ -238,10 +281,12 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
             acting_seconds[iteration] = busy.seconds["heads"]
             progress.set(collected=iteration)
 
-    def publish(iteration: int, busy: PhaseClock) -> None:
-        with busy("heads"):
-            learner.publish()
-        progress.set(trained=iteration)
+    def publish(iteration: int, epoch: int, last: bool, busy: PhaseClock) -> None:
+        published = epoch_versions(iteration, epoch, last, per_iteration)
+        if published:
+            with busy("heads"):
+                learner.publish(published) if per_iteration > 1 else learner.publish()
+            progress.set(published=published[-1], **({"trained": iteration} if last else {}))
 
     with _alongside("stage1 rollout", collect, progress, channels):
         for iteration in range(first, s.num_iterations + 1):
@@ -255,11 +300,11 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
             with busy("heads"):
                 schedule = learner.begin_training(iteration)  # GAE, importance-weighted where samples lag
             if not learner.trains_alone:
-                stage1_train(learner, exchange, train_link, busy, schedule)
-                publish(iteration, busy)
+                stage1_train(learner, exchange, train_link, busy, schedule,
+                             on_epoch=lambda epoch, last: publish(iteration, epoch, last, busy))
             stage1_finish(learner, exchange, train_link, busy, iteration, schedule, run_log, cpu_start,
                           rollouts.pop(iteration))  # trains alone here
             if learner.trains_alone:
-                publish(iteration, busy)
+                publish(iteration, s.ppo.epochs - 1, True, busy)
         expect(train_link, "close")
     return s.num_iterations

@@ -207,6 +207,8 @@ class IterationLog:
         record["time/codec"] = clock.seconds.get("codec", 0.0)
         if scoring:
             record["time/eval"] = scoring
+        if "pace" in clock.seconds:  # --publish epoch: the rollout waiting for the epoch it is to act with
+            record["time/pace_wait"] = clock.seconds["pace"]
         # Time inside send/recv is stage1's compute plus the link; the stage1 report splits it.
         record["time/link_wait"] = max(0.0, clock.seconds.get("link", 0.0) - heads)
         net_now = self.link.meter.snapshot()

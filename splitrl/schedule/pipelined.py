@@ -143,14 +143,16 @@ def learn_groups(learner: Learner, link: Transport) -> int:
 # -- the halves ---------------------------------------------------------------------------
 
 
-def stage0_rollout(edge: Edge, link: Transport, clock: PhaseClock, iteration: int, *, versions: bool = False) -> None:
-    """One rollout with the env groups taking turns. ``versions``: tag each message with the acting
-    weights' version (`Edge.adopt`), for the asynchronous schedule."""
+def stage0_rollout(edge: Edge, link: Transport, clock: PhaseClock, iteration: int, *,
+                   versions: Callable[[int], int] | None = None) -> None:
+    """One rollout with the env groups taking turns. ``versions(t)``: the acting weights' version for the message
+    of step t (T - 1 for ``rollout_end``), having adopted it, for the asynchronous schedule: each message is
+    tagged with it."""
     steps, groups = edge.settings.ppo.num_steps, range(len(edge.groups))
 
-    def tags(**header: int) -> dict[str, int]:
+    def tags(step: int, **header: int) -> dict[str, int]:
         # Taken before the message's features (and the outcome before them) are encoded: one version a message.
-        return {**header, "v": edge.adopt()} if versions else header
+        return {**header, "v": versions(step)} if versions is not None else header
 
     def send_step(t: int, g: int, header: dict[str, int]) -> None:
         with clock("encoder"):
@@ -159,7 +161,7 @@ def stage0_rollout(edge: Edge, link: Transport, clock: PhaseClock, iteration: in
             link.send("step", tensors, {**codec_header, **header})
 
     def finish(t: int, g: int) -> None:
-        header = tags(t=t + 1, g=g) if t + 1 < steps else tags(g=g)
+        header = tags(t + 1, t=t + 1, g=g) if t + 1 < steps else tags(t, g=g)
         with clock("env"):
             edge.finish_step(g)
         if t + 1 < steps:
@@ -176,7 +178,7 @@ def stage0_rollout(edge: Edge, link: Transport, clock: PhaseClock, iteration: in
     lag = rollout_lag(len(groups), edge.vector)
     edge.begin_rollout(iteration)
     for g in groups:
-        send_step(0, g, tags(t=0, g=g))
+        send_step(0, g, tags(0, t=0, g=g))
     stepping: deque[tuple[int, int]] = deque()
     for t in range(steps):
         for g in groups:
@@ -213,8 +215,9 @@ def stage1_rollout(learner: Learner, link: Transport, busy: PhaseClock, iteratio
 
 
 def stage0_train(edge: Edge, exchange: EdgeExchange, link: Transport, clock: PhaseClock,
-                 schedule: list[list[torch.Tensor]]) -> None:
-    """Every minibatch of one iteration, each in M micro-batches: all forwards out, then each backward."""
+                 schedule: list[list[torch.Tensor]], on_epoch: Callable[[int, bool], None] | None = None) -> None:
+    """Every minibatch of one iteration, each in M micro-batches: all forwards out, then each backward.
+    ``on_epoch(epoch, last)`` after each epoch's last optimizer step (``last``: no epoch follows)."""
     micro = edge.settings.schedule.microbatches
     for epoch, minibatches in enumerate(schedule):
         for mb, idx in enumerate(minibatches):
@@ -245,13 +248,16 @@ def stage0_train(edge: Edge, exchange: EdgeExchange, link: Transport, clock: Pha
                 with clock("codec"):
                     exchange.apply_update(update, {"iteration": edge.train_iteration, "epoch": epoch, "mb": mb},
                                           names)
+        if on_epoch is not None:
+            on_epoch(epoch, stop or epoch == len(schedule) - 1)
         if stop:  # stage1 saw the KL pass --target-kl
             break
 
 
 def stage1_train(learner: Learner, exchange: LearnerExchange, link: Transport, busy: PhaseClock,
-                 schedule: list[list[torch.Tensor]]) -> None:
-    """Every minibatch of one iteration: a loss per micro-batch as it arrives, one optimizer step each minibatch."""
+                 schedule: list[list[torch.Tensor]], on_epoch: Callable[[int, bool], None] | None = None) -> None:
+    """Every minibatch of one iteration: a loss per micro-batch as it arrives, one optimizer step each minibatch.
+    ``on_epoch(epoch, last)`` after each epoch's last optimizer step (``last``: no epoch follows)."""
     micro = learner.settings.schedule.microbatches
     for epoch, minibatches in enumerate(schedule):
         for mb, idx in enumerate(minibatches):
@@ -268,6 +274,8 @@ def stage1_train(learner: Learner, exchange: LearnerExchange, link: Transport, b
                 update = exchange.update(epoch, mb)
             if update is not None:
                 link.send("heads", *update)
+        if on_epoch is not None:
+            on_epoch(epoch, stop or epoch == len(schedule) - 1)
         if stop:
             break
 

@@ -22,7 +22,7 @@ import copy
 import dataclasses
 import logging
 import threading
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import torch
@@ -78,8 +78,10 @@ class Edge:
         self.optimizer = torch.optim.Adam(self.params, lr=settings.ppo.lr_encoder, eps=1e-5) if self.params else None
         self.acting = copy.deepcopy(self.net).requires_grad_(False) if acting_copy else self.net
         self.acting_version = 0
-        """The training iterations done on the weights the rollout acts with."""
-        self.published: tuple[int, nn.Module] | None = None
+        """The policy version the rollout acts with: the training iterations done on its weights, or the epochs
+        with --publish epoch (`TrainSettings.versions_per_iteration`)."""
+        self.published: dict[int, nn.Module] = {}
+        """Trained weights not adopted yet, by version (several numbers may name one copy: `publish`)."""
         n, t = settings.env.num_envs, settings.ppo.num_steps
         self.buffers = [torch.zeros((t, n) + spec.obs_shape, dtype=torch.uint8) for _ in range(slots)]
         self.obs = self.buffers[0]
@@ -170,11 +172,19 @@ class Edge:
             metrics.update({f"budget/spec/{k}": v for k, v in specs.items()})
             switch(self.codecs, specs, ["rollout"])
 
-    def adopt(self) -> int:
-        """Act with the newest published weights from now on; returns the version acting."""
-        published = self.published
-        if published is not None and published[0] > self.acting_version:
-            self.acting_version, self.acting = published
+    def adopt(self, version: int | None = None) -> int:
+        """Act from now on with the newest published weights, or with those of ``version`` (--publish epoch's
+        pace; it must be published); returns the version acting. Older copies are dropped."""
+        if version is None:
+            version = max([self.acting_version, *list(self.published)])
+        if version != self.acting_version:
+            module = self.published.get(version)
+            if module is None:
+                raise RuntimeError(f"stage0 was asked to act with policy version {version}; published: "
+                                   f"{sorted(self.published) or 'none'}, acting: {self.acting_version}")
+            self.acting_version, self.acting = version, module
+        for old in [v for v in list(self.published) if v <= version]:  # list(): publish() may add meanwhile
+            del self.published[old]
         return self.acting_version
 
     def encode(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -395,9 +405,13 @@ class Edge:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def publish(self) -> None:
-        """The trained weights as the rollout's next acting copy (it takes them at its next `adopt`)."""
-        self.published = (self.train_iteration, copy.deepcopy(self.net).requires_grad_(False))
+    def publish(self, versions: Iterable[int] | None = None) -> None:
+        """The trained weights as the rollout's next acting copy (it takes them at an `adopt`), under each of
+        ``versions`` (default: the iterations trained, in versions: `TrainSettings.versions_per_iteration`).
+        Several numbers name one copy where training ended early (--target-kl): every version still exists."""
+        module = copy.deepcopy(self.net).requires_grad_(False)
+        for version in [self.train_iteration * self.settings.versions_per_iteration] if versions is None else versions:
+            self.published[version] = module
 
     def state_dict(self, rollout: dict[str, Any]) -> dict[str, Any]:
         """A checkpoint after training: the weights, the optimizer, the training codecs' state, and the
@@ -427,4 +441,6 @@ class Edge:
             # the encoder itself, which is the agreed view after an iteration (each epoch's last minibatch averages)
             self.agreed_weights = {ENCODER_PREFIX + n: p.detach().clone() for n, p in self.net.named_parameters()}
         if self.acting is not self.net:
-            self.acting, self.acting_version = copy.deepcopy(self.net).requires_grad_(False), self.train_iteration
+            self.acting = copy.deepcopy(self.net).requires_grad_(False)
+            self.acting_version = self.train_iteration * self.settings.versions_per_iteration
+            self.published = {}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections import defaultdict
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -100,7 +100,8 @@ class Learner:
         keep_dtype = torch.uint8 if self.trains_alone else torch.float32
         self.inputs = [torch.zeros(keep, dtype=keep_dtype) for _ in range(slots)] if keep else None
         self.versions = [torch.zeros((t, n), dtype=torch.int64) for _ in range(slots)]
-        """The policy version that acted on each sample (training iterations done before it)."""
+        """The policy version that acted on each sample: training iterations done before it, or epochs with
+        --publish epoch (`TrainSettings.versions_per_iteration`)."""
         self.last_values = [torch.zeros(n) for _ in range(slots)]
         self.codecs = CodecSet(**settings.codecs.specs())
         self.exchange = settings.codecs.parsed_exchange()
@@ -259,7 +260,8 @@ class Learner:
 
     def _acting_version(self) -> int:
         # Without a copy the heads act as they are: trained iteration - 1 times.
-        return self.acting_version if self.acting is not self.heads else self.iteration - 1
+        return self.acting_version if self.acting is not self.heads else \
+            (self.iteration - 1) * self.settings.versions_per_iteration
 
     def end_rollout(self, msg: Message, g: int = 0) -> None:
         """Group ``g``'s last outcome and the value of the observation it bootstraps from."""
@@ -339,7 +341,8 @@ class Learner:
         self.train_iteration = iteration
         anneal(self.optimizer, ppo.lr_heads * ppo.lr_fraction(iteration, self.settings.num_iterations))
         self.train_buffer = buffer = self.buffers[slot]
-        lag = (iteration - 1) - self.versions[slot]
+        per_iteration = self.settings.versions_per_iteration
+        lag = (iteration - 1) * per_iteration - self.versions[slot]  # in versions: iterations, or epochs
         weights, self.proximal, self.proximal_values = None, None, None
         self.lagging = (lag > 0).reshape(-1)
         rescored, self.rescored = self.rescored, None
@@ -364,8 +367,8 @@ class Learner:
         # Now, not at the iteration's end: by then the next rollout may be writing this slot.
         self.rollout_stats = {"losses/explained_variance": explained_variance(buffer.b_values, buffer.b_returns)}
         if self.acting is not self.heads:
-            self.rollout_stats.update({"async/staleness_mean": float(lag.float().mean()),
-                                       "async/staleness_max": float(lag.max())})
+            self.rollout_stats.update({"async/staleness_mean": float(lag.float().mean()) / per_iteration,
+                                       "async/staleness_max": float(lag.max()) / per_iteration})
             if weights is not None:  # how far the lagging samples' policy is from the one that trains
                 self.rollout_stats["async/weight_mean"] = float(weights[lag > 0].mean())
         if rescored is None:  # (a rescore set them up already: stage0 encoded it with them)
@@ -522,9 +525,13 @@ class Learner:
             self.stats["losses/early_stop"].append(1.0)
         return stop
 
-    def publish(self) -> None:
-        """The trained heads as the acting copy of version `train_iteration` (taken at stage0's word: `adopt`)."""
-        self.published[self.train_iteration] = copy.deepcopy(self.heads).requires_grad_(False)
+    def publish(self, versions: Iterable[int] | None = None) -> None:
+        """The trained heads as the acting copy of each of ``versions`` (taken at stage0's word: `adopt`); default:
+        the iterations trained, in versions (`TrainSettings.versions_per_iteration`). Several numbers name one
+        copy where training ended early (--target-kl)."""
+        heads = copy.deepcopy(self.heads).requires_grad_(False)
+        for version in [self.train_iteration * self.settings.versions_per_iteration] if versions is None else versions:
+            self.published[version] = heads
 
     def iteration_stats(self) -> dict[str, Any]:
         """Mean losses over the iteration's minibatches, the explained variance, the staleness; starts the next count."""
@@ -561,6 +568,6 @@ class Learner:
         if "encoder_average" in state:  # --encoder-sync avg: the view the edges average against
             self.encoder_start, self.encoder_average = dict(state["encoder_average"]), None
         if self.acting is not self.heads:
-            self.acting_version = self.train_iteration
+            self.acting_version = self.train_iteration * self.settings.versions_per_iteration
             self.acting = copy.deepcopy(self.heads).requires_grad_(False)
-            self.published = {self.train_iteration: self.acting}
+            self.published = {self.acting_version: self.acting}

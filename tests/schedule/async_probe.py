@@ -178,9 +178,10 @@ class Probe:
     def take_settings(self, settings: Any) -> None:
         s = settings
         if s.schedule.mode not in ("async", "pipelined", "sync") or s.cut != "cnn" or s.bottleneck_train != "ppo" \
-                or s.codecs.parsed_exchange().name != "features" or s.ppo.target_kl > 0:
-            raise ProbeError("the probe covers one edge, --cut cnn, --exchange features, --bottleneck-train ppo "
-                             "and no --target-kl")
+                or s.codecs.parsed_exchange().name != "features" or s.ppo.target_kl > 0 \
+                or s.schedule.publish != "iteration":
+            raise ProbeError("the probe covers one edge, --cut cnn, --exchange features, --bottleneck-train ppo, "
+                             "no --target-kl and --publish iteration (its versions count iterations)")
         self.settings = s
         if self.hold and not (self.asynchronous and s.schedule.max_staleness >= 1):
             raise ProbeError("--hold needs --async and --max-staleness >= 1")
@@ -384,7 +385,8 @@ class Probe:
                 self._wait(lambda: (i + S, 0, 0) in self.s0_steps, f"the rollout of iteration {i + S} to start")
             with self.cond:
                 original()
-                version, module = self.edge.published
+                version = max(self.edge.published)
+                module = self.edge.published[version]
                 self._register("stage0", module, version)
                 self.published.add(version)
                 self.cond.notify_all()

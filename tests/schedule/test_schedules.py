@@ -9,7 +9,7 @@ import torch
 
 from splitrl.launch import free_port_pair
 from splitrl.runs import load_checkpoint, read_metrics
-from splitrl.schedule import pipelined, session
+from splitrl.schedule import asynchronous, pipelined, session
 from splitrl.schedule.pipelined import choose_groups, rollout_lag
 from splitrl.settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
 
@@ -147,6 +147,57 @@ def test_a_rescored_asynchronous_split_matches_its_twin_bit_for_bit(tmp_path, sp
     assert all(64 * 4096 * 2 < r["net/rescore/sent_bytes"] < 64 * 4096 * 2 + 1024 for r in rows)
 
 
+def test_an_epoch_paced_asynchronous_split_matches_its_twin_bit_for_bit(tmp_path, spawn):
+    """--publish epoch: both stages publish after every epoch and step t of a rollout acts with the weights after
+    floor(t * E / T) epochs of the training beside it, whatever the machines' speed, so the split (envs in worker
+    processes) and the twin compute the same numbers at --max-staleness 1. With E = 2 epochs and T = 32 steps, the
+    second rollout's first 16 steps act with the weights before that training (2 epochs behind the weights that
+    train on them), the last 16 with those after its first epoch (1 behind): 0.75 of an iteration on average."""
+    args = TWO_ENVS + ["--rollout-groups", "2", "--async", "--max-staleness", "1", "--publish", "epoch",
+                       "--timeout", "60", "--start-timeout", "60"]
+    split = tmp_path / "split"
+    _split(split, spawn, args, "--vector", "async")
+    _twin(tmp_path / "twin", *args)
+    _assert_same_states(_states(split), _states(tmp_path / "twin"))
+    split_rows, twin_rows = _metrics(split), _metrics(tmp_path / "twin")
+    assert [{k: v for k, v in r.items() if not k.startswith("net")} for r in split_rows] == \
+        [{k: v for k, v in r.items() if not k.startswith("net")} for r in twin_rows]
+    assert [(r["async/staleness_mean"], r["async/staleness_max"]) for r in split_rows] == [(0.0, 0.0), (0.75, 1.0)]
+    # The paced rollout's waits are its own phase (the rollout outruns training: it has no epochs to wait for in
+    # the first iteration, and in the second it waits for the first epoch before its step 16).
+    timed = [json.loads(line) for line in (split / "metrics.jsonl").read_text().splitlines()]
+    assert all("time/pace_wait" in r for r in timed)
+
+
+def test_an_early_stop_publishes_the_epochs_it_skips_for_the_paced_rollout(tmp_path):
+    """With --target-kl ending each training after its first epoch, the weights after it stand for the epochs
+    skipped (`epoch_versions`), so the paced rollout finds every version it asks for."""
+    args = TWO_ENVS + ["--rollout-groups", "2", "--async", "--max-staleness", "1", "--publish", "epoch",
+                       "--target-kl", "1e-9"]
+    _twin(tmp_path / "early", *args)
+    rows = _metrics(tmp_path / "early")
+    assert [r["iteration"] for r in rows] == [1, 2]
+    assert all(r["losses/early_stop"] == 1.0 for r in rows)
+    # Iteration 1 trained one epoch (version 1 = 2 = its weights after epoch 1); rollout 2 acted with 0 then 1.
+    assert rows[1]["async/staleness_max"] == 1.0 and rows[1]["async/staleness_mean"] == 0.75
+
+
+def test_epoch_versions_and_the_pace():
+    # P = 1: only an iteration's end publishes, as its number.
+    assert asynchronous.epoch_versions(3, 0, False, 1) == [] and asynchronous.epoch_versions(3, 9, True, 1) == [3]
+    # P = 10: one version an epoch; the last also every number after it, when training stopped early.
+    assert asynchronous.epoch_versions(3, 0, False, 10) == [21]
+    assert asynchronous.epoch_versions(3, 9, True, 10) == [30]
+    assert asynchronous.epoch_versions(3, 3, True, 10) == list(range(24, 31))
+    # Rollout 3 of T = 1024 steps at P = 10: steps 0-102 act with version 10 (iteration 1's end), the last with
+    # 19 (iteration 2 minus its last epoch); a run resumed at iteration 3 acts with 20 throughout its first.
+    paced = [asynchronous.paced_version(3, t, 1024, 10, 1) for t in range(1024)]
+    assert paced[0] == paced[102] == 10 and paced[103] == 11 and paced[-1] == 19
+    assert paced == sorted(paced) and set(paced) == set(range(10, 20))
+    assert {asynchronous.paced_version(3, t, 1024, 10, 3) for t in range(1024)} == {20}
+    assert [asynchronous.paced_version(1, t, 4, 2, 1) for t in range(4)] == [0, 0, 0, 0]
+
+
 def test_a_rescore_goes_through_the_fwd_codec_a_link_budget_chose(tmp_path):
     """--link-budget switches the fwd codec when an iteration's training begins: the rescore that opens it is
     encoded and decoded with the new one on both sides (bf16 -> int8 here: half the bytes)."""
@@ -235,6 +286,10 @@ def test_schedule_settings_are_checked_with_the_others():
     assert "--exchange features only" in errors(asynchronous=True, codecs=CodecSettings(exchange="replica"))
     assert "delta" in errors(asynchronous=True, codecs=CodecSettings(codec_fwd="delta"))
     assert "--max-staleness" in errors(max_staleness=-1)
+    assert errors(asynchronous=True, publish="epoch") == ""
+    assert "--publish epoch" in errors(publish="epoch")  # without --async
+    assert "--publish epoch" in errors(asynchronous=True, max_staleness=0, publish="epoch")
+    assert "--publish must be one of iteration, epoch" in errors(asynchronous=True, publish="often")
     assert ScheduleSettings().mode == "sync" and ScheduleSettings(microbatches=2).mode == "pipelined"
     assert ScheduleSettings(rollout_groups="auto").mode == "pipelined"
     assert ScheduleSettings(asynchronous=True, microbatches=2).mode == "async"
