@@ -17,7 +17,8 @@ The schedules (`predict`), per iteration of E envs x T steps, K epochs of B mini
   the cores the processes share). M micro-batches: a minibatch is a three-stage pipeline (stage0,
   the link's bytes, stage1) of M items plus one round trip (the optimizer step is a barrier).
 - async: the rollout of i + 1 beside the training of i: the longer of the two, or all the CPU
-  work over the cores where the processes share them. Every sample is one version old.
+  work over the cores where the processes share them. Every sample is one version old, or with
+  --publish epoch (the rollout paced against training's epochs) (E + 1) / (2E) of an iteration on average.
 
 A "layout invariant" (Sample Factory, PipelineRL): the asynchronous schedule is balanced when the
 rollout produces samples as fast as training consumes them; `Plan.balance` is rollout time over
@@ -324,7 +325,8 @@ def predict(settings: "TrainSettings", rates: Rates, link: Link, *, vector: str 
     if settings.schedule.asynchronous and settings.schedule.max_staleness >= 1:
         work = cpu0 + cpu1 + (0.0 if in_process else env_cpu * steps)
         seconds = max(rollout, training, work / cores if link.shared else 0.0) + other
-        staleness = 1.0
+        per_iteration = settings.versions_per_iteration  # the lag runs from P versions down to 1: P of them
+        staleness = (per_iteration + 1) / (2 * per_iteration)
     else:
         seconds = rollout + training + other
         staleness = 0.0

@@ -83,6 +83,10 @@ def test_round_trips_cost_sync_each_and_the_overlapping_schedules_less():
     # The minibatches keep theirs.
     assert plans["micro"][1].training - plans["micro"][0].training == pytest.approx(320 * 0.02)
     assert plans["async"][1].staleness == 1 and plans["micro"][1].staleness == 0
+    # Publishing every epoch, the paced rollout's samples lag 10 down to 1 of the 10 epochs: 0.55 on average.
+    paced = predict(_settings(rollout_groups="4", microbatches=2, asynchronous=True, publish="epoch"), RATES,
+                    Link(rate=1e9, rtt=0.02), vector="async")
+    assert paced.staleness == pytest.approx(0.55) and paced.seconds == plans["async"][1].seconds
     longer = max(plans["async"][1].rollout, plans["async"][1].training)
     assert plans["async"][1].seconds == pytest.approx(longer + 20_000 / bps)
 
