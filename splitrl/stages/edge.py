@@ -405,13 +405,14 @@ class Edge:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def publish(self, versions: Iterable[int] | None = None) -> None:
+    def publish(self, versions: Iterable[int] | None = None) -> nn.Module:
         """The trained weights as the rollout's next acting copy (it takes them at an `adopt`), under each of
         ``versions`` (default: the iterations trained, in versions: `TrainSettings.versions_per_iteration`).
         Several numbers name one copy where training ended early (--target-kl): every version still exists."""
         module = copy.deepcopy(self.net).requires_grad_(False)
         for version in [self.train_iteration * self.settings.versions_per_iteration] if versions is None else versions:
             self.published[version] = module
+        return module
 
     def state_dict(self, rollout: dict[str, Any]) -> dict[str, Any]:
         """A checkpoint after training: the weights, the optimizer, the training codecs' state, and the

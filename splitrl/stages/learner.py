@@ -525,13 +525,14 @@ class Learner:
             self.stats["losses/early_stop"].append(1.0)
         return stop
 
-    def publish(self, versions: Iterable[int] | None = None) -> None:
+    def publish(self, versions: Iterable[int] | None = None) -> ActorCriticHeads:
         """The trained heads as the acting copy of each of ``versions`` (taken at stage0's word: `adopt`); default:
         the iterations trained, in versions (`TrainSettings.versions_per_iteration`). Several numbers name one
         copy where training ended early (--target-kl)."""
         heads = copy.deepcopy(self.heads).requires_grad_(False)
         for version in [self.train_iteration * self.settings.versions_per_iteration] if versions is None else versions:
             self.published[version] = heads
+        return heads
 
     def iteration_stats(self) -> dict[str, Any]:
         """Mean losses over the iteration's minibatches, the explained variance, the staleness; starts the next count."""

@@ -21,7 +21,9 @@ version as training leaves it. For every iteration it trains it checks:
 (d) versions: stage0's tag, the encoder that encoded, the heads that acted and
     the stored version agree at each step and lag within the staleness bound;
     published copies equal the trained weights, and iteration i trains from
-    version i - 1 on both stages, exactly;
+    version (i - 1) P on both stages, exactly (P versions an iteration: its E
+    epochs with --publish epoch, where step t must also act with the pace's
+    version (i - 2) E + floor(t E / T); else 1);
 (e) training data: both stages train on the same minibatch indices, in the same
     order, and the trained slot's rows and versions do not change while it trains;
 (f) with ``--rescore``: the baseline of the advantages and value targets and the
@@ -156,6 +158,7 @@ class Probe:
         self.parts: dict[str, dict[int, list[torch.Tensor]]] = {"stage0": {}, "stage1": {}}
         """Sample indices each stage actually trained on, per iteration, in order."""
         self.steps_left: dict[str, int] = {}
+        self.epoch_ends: dict[str, dict[int, int]] = {}
         self.snapshots: dict[str, dict[str, torch.Tensor]] = {}
         self.checked: Counter[str] = Counter()
         self.lags: Counter[int] = Counter()
@@ -172,19 +175,26 @@ class Probe:
         return self.settings.schedule.mode == "async"
 
     @property
+    def per_iteration(self) -> int:
+        """P: policy versions an iteration (its epochs with --publish epoch, else 1); version i * P is iteration
+        i's end."""
+        return self.settings.ppo.epochs if self.settings.schedule.publish == "epoch" else 1
+
+    @property
     def bound(self) -> int:
         return self.settings.schedule.max_staleness if self.asynchronous else 0
 
     def take_settings(self, settings: Any) -> None:
         s = settings
         if s.schedule.mode not in ("async", "pipelined", "sync") or s.cut != "cnn" or s.bottleneck_train != "ppo" \
-                or s.codecs.parsed_exchange().name != "features" or s.ppo.target_kl > 0 \
-                or s.schedule.publish != "iteration":
-            raise ProbeError("the probe covers one edge, --cut cnn, --exchange features, --bottleneck-train ppo, "
-                             "no --target-kl and --publish iteration (its versions count iterations)")
+                or s.codecs.parsed_exchange().name != "features" or s.ppo.target_kl > 0:
+            raise ProbeError("the probe covers one edge, --cut cnn, --exchange features, --bottleneck-train ppo "
+                             "and no --target-kl")
         self.settings = s
         if self.hold and not (self.asynchronous and s.schedule.max_staleness >= 1):
             raise ProbeError("--hold needs --async and --max-staleness >= 1")
+        if self.hold and self.per_iteration > 1:
+            raise ProbeError("--hold needs --publish iteration (--publish epoch paces the rollout itself)")
         if self.plant in ("adopt-late", "version-tag") and not self.asynchronous:
             raise ProbeError(f"--plant {self.plant} needs --async (only its rollout swaps versions)")
         if self.plant == "rescore-stale" and not settings.schedule.rescore:
@@ -215,7 +225,7 @@ class Probe:
         """The version of the weights ``module`` holds: the trained layers themselves (the pipelined schedule
         acts with them, trained iteration - 1 times), else a registered acting copy."""
         if module is live:
-            return iteration - 1
+            return (iteration - 1) * self.per_iteration
         with self.cond:  # a copy is registered under this lock before its publish returns
             entry = self.acting[stage].get(id(module))
         if entry is None or entry[0] is not module:
@@ -288,13 +298,13 @@ class Probe:
             return out
         return recording_step
 
-    def _edge_adopt(self, original: Callable[[], int]) -> Callable[[], int]:
-        def adopt() -> int:
+    def _edge_adopt(self, original: Callable[..., int]) -> Callable[..., int]:
+        def adopt(*version: int) -> int:
             j, S = self.edge.iteration, self.bound
             self.adopts[j] += 1
             if self.hold and self.adopts[j] == 2 and j - S >= 1:  # the rollout's second step: after the publish
                 self._wait(lambda: j - S in self.published, f"version {j - S} to be published")
-            self.tag = original()
+            self.tag = original(*version)
             return self.tag
         return adopt
 
@@ -325,15 +335,17 @@ class Probe:
         def begin_training(iteration: int) -> Any:
             schedule = original(iteration)
             edge, i = self.edge, iteration
-            differs = _weights_differ(edge.net, self.encoders[i - 1])
+            start = (i - 1) * self.per_iteration
+            differs = _weights_differ(edge.net, self.encoders[start])
             if differs:
                 self._fail("d", "versions", i, "the start of training",
-                           f"stage0's encoder is not version {i - 1} as training left it: {differs}")
+                           f"stage0's encoder is not version {start} as training left it: {differs}")
             self._check_observations(i, edge.flat_obs)
             self.snapshots["stage0"] = {"obs": edge.flat_obs.clone()}
             self.schedules["stage0"][i] = schedule
             self.parts["stage0"][i] = []
             self.steps_left["stage0"] = sum(len(epoch) for epoch in schedule)
+            self.epoch_ends["stage0"] = self._epoch_ends(i, schedule)
             self.checked["stage0 rollouts"] += 1
             return schedule
         return begin_training
@@ -361,10 +373,23 @@ class Probe:
             return original(idx)
         return forward
 
+    def _epoch_ends(self, i: int, schedule: list[list[torch.Tensor]]) -> dict[int, int]:
+        """Steps left (as `steps_left` counts them) after each epoch whose end is a version -> that version: with
+        --publish epoch every epoch's, (i - 1) P + e + 1; otherwise the iteration's, i."""
+        P, left, ends = self.per_iteration, sum(len(epoch) for epoch in schedule), {}
+        for e, epoch in enumerate(schedule):
+            left -= len(epoch)
+            if P > 1 or left == 0:
+                ends[left] = (i - 1) * P + e + 1 if P > 1 else i
+        return ends
+
     def _edge_optimizer_step(self, original: Callable[[], None]) -> Callable[[], None]:
         def optimizer_step() -> None:
             original()
             self.steps_left["stage0"] -= 1
+            version = self.epoch_ends["stage0"].get(self.steps_left["stage0"])
+            if version is not None and self.steps_left["stage0"] > 0:  # an epoch's end within the iteration
+                self._freeze(self.encoders, version, self.edge.net)
             if self.steps_left["stage0"] == 0:  # the iteration's training is done: version i is what it left
                 i = self.edge.train_iteration
                 stored = self.edge.flat_obs
@@ -374,22 +399,22 @@ class Probe:
                     N = self.settings.env.num_envs
                     self._fail("e", "training data", i, f"(t={row // N}, env={row % N})",
                                "stage0's stored observation changed while it trained on it")
-                self._freeze(self.encoders, i, self.edge.net)
+                self._freeze(self.encoders, i * self.per_iteration, self.edge.net)
                 self.checked["stage0 trainings"] += 1
         return optimizer_step
 
-    def _edge_publish(self, original: Callable[[], None]) -> Callable[[], None]:
-        def publish() -> None:
+    def _edge_publish(self, original: Callable[..., torch.nn.Module]) -> Callable[..., torch.nn.Module]:
+        def publish(*versions: list[int]) -> torch.nn.Module:
             i, S = self.edge.train_iteration, self.bound
             if self.hold and i + S <= self.settings.num_iterations:  # not before rollout i + S has started
                 self._wait(lambda: (i + S, 0, 0) in self.s0_steps, f"the rollout of iteration {i + S} to start")
             with self.cond:
-                original()
-                version = max(self.edge.published)
-                module = self.edge.published[version]
-                self._register("stage0", module, version)
-                self.published.add(version)
+                module = original(*versions)
+                for version in versions[0] if versions else [i * self.per_iteration]:
+                    self._register("stage0", module, version)
+                    self.published.add(version)
                 self.cond.notify_all()
+            return module
         return publish
 
     # -- stage1 ------------------------------------------------------------------------------------------------
@@ -428,10 +453,11 @@ class Probe:
             schedule = original(iteration)
             learner, i = self.learner, iteration
             slot = next(k for k, b in enumerate(learner.buffers) if b is learner.train_buffer)
-            differs = _weights_differ(learner.heads, self.heads[i - 1])
+            start = (i - 1) * self.per_iteration
+            differs = _weights_differ(learner.heads, self.heads[start])
             if differs:
                 self._fail("d", "versions", i, "the start of training",
-                           f"stage1's heads are not version {i - 1} as training left them: {differs}")
+                           f"stage1's heads are not version {start} as training left them: {differs}")
             self._check_versions(i, learner.versions[slot])
             self._check_outcomes(i, learner.train_buffer)
             self._check_behaviour(i, slot)
@@ -449,6 +475,7 @@ class Probe:
             self.schedules["stage1"][i] = schedule
             self.parts["stage1"][i] = []
             self.steps_left["stage1"] = sum(len(epoch) for epoch in schedule)
+            self.epoch_ends["stage1"] = self._epoch_ends(i, schedule)
             self.checked["stage1 rollouts"] += 1
             return schedule
         return begin_training
@@ -466,6 +493,12 @@ class Probe:
                     (tag, encoded), acted = self.s0_steps[(i, t, g)], self.s1_steps[(i, t, g)]
                     stored = {int(versions[t, env]) for env in rows}
                     where = f"(t={t}, env={rows[0]})"
+                if self.per_iteration > 1:  # --publish epoch: step t acts after floor(t P / T) epochs of i - 1
+                    P = self.per_iteration
+                    paced = max(0, (i - 2) * P + (T - 1 if t == "end" else t) * P // T)
+                    if tag != paced:
+                        self._fail("d", "versions", i, where, f"stage0 tagged the step with version {tag}, the "
+                                   f"pace says {paced}")
                 if tag is not None and tag != encoded:
                     self._fail("d", "versions", i, where, f"stage0 tagged the step with version {tag} and encoded "
                                f"it with version {encoded}")
@@ -475,9 +508,10 @@ class Probe:
                 if stored is not None and stored != {acted}:
                     self._fail("d", "versions", i, where, f"stage1 stored version(s) {sorted(stored)} for a step "
                                f"its heads of version {acted} acted on")
-                lag = i - 1 - acted
-                if not 0 <= lag <= self.bound:
-                    self._fail("d", "versions", i, where, f"version {acted} lags {lag}, outside [0, {self.bound}]")
+                lag = (i - 1) * self.per_iteration - acted
+                if not 0 <= lag <= self.bound * self.per_iteration:
+                    self._fail("d", "versions", i, where, f"version {acted} lags {lag}, outside "
+                               f"[0, {self.bound * self.per_iteration}]")
                 if t != "end":
                     self.lags[lag] += len(rows)
                 seen.add(acted)
@@ -537,7 +571,7 @@ class Probe:
                 ok["features"][at] = _close(features, stored).all(1)
             got["logprob"][at], ok["logprob"][at] = logprob, _close(logprob, buf.logprobs[at])
             got["value"][at], ok["value"][at] = value, _close(value, buf.values[at])
-            neighbour = v + 1 if v + 1 <= i - 1 else v - 1
+            neighbour = v + 1 if v + 1 <= (i - 1) * self.per_iteration else v - 1
             if neighbour >= 0:  # would another version's weights have passed? then the check tells nothing
                 other = self._behaviour(neighbour, obs[at], buf.actions[at])[1]
                 self.neighbour_tried += int(at.sum())
@@ -584,7 +618,8 @@ class Probe:
         learner, obs = self.learner, self._rollout_obs(i)
         buf = learner.train_buffer
         flat_obs = obs.reshape((-1,) + tuple(obs.shape[2:]))
-        _, logprob, value = self._behaviour(i - 1, flat_obs, buf.b_actions)
+        start = (i - 1) * self.per_iteration
+        _, logprob, value = self._behaviour(start, flat_obs, buf.b_actions)
         value, lagging = value.reshape(-1), learner.lagging
         wanted = [("baseline value", buf.b_values, value)]
         if learner.proximal is not None:  # samples lag: their proximal policy is the one that starts training
@@ -601,7 +636,7 @@ class Probe:
             self.max_err[what] = max(self.max_err.get(what, 0.0), float((kept - got).abs().max()))
             if not bool(ok.all()):
                 k = int((~ok).nonzero()[0])
-                self._fail("f", what, i, f"(sample {k})", f"stage1 trains with {float(kept[k]):.7g}; version {i - 1}'s "
+                self._fail("f", what, i, f"(sample {k})", f"stage1 trains with {float(kept[k]):.7g}; version {start}'s "
                            f"encoder and heads give {float(got[k]):.7g} on the stored observation and action")
         self.checked["rescored rollouts"] += 1
 
@@ -621,10 +656,13 @@ class Probe:
         def optimizer_step() -> None:
             original()
             self.steps_left["stage1"] -= 1
+            version = self.epoch_ends["stage1"].get(self.steps_left["stage1"])
+            if version is not None and self.steps_left["stage1"] > 0:  # an epoch's end within the iteration
+                self._freeze(self.heads, version, self.learner.heads)
             if self.steps_left["stage1"] == 0:
                 i = self.learner.train_iteration
                 self._check_training(i)
-                self._freeze(self.heads, i, self.learner.heads)
+                self._freeze(self.heads, i * self.per_iteration, self.learner.heads)
                 self.checked["stage1 trainings"] += 1
         return optimizer_step
 
@@ -660,12 +698,13 @@ class Probe:
                 where = "(t=T, all envs)" if name == "last_values" else f"(t={changed}, row of {N} envs)"
                 self._fail("e", "training data", i, where, f"stage1's stored {name} changed while it trained")
 
-    def _learner_publish(self, original: Callable[[], None]) -> Callable[[], None]:
-        def publish() -> None:
+    def _learner_publish(self, original: Callable[..., torch.nn.Module]) -> Callable[..., torch.nn.Module]:
+        def publish(*versions: list[int]) -> torch.nn.Module:
             with self.cond:
-                original()
-                i = self.learner.train_iteration
-                self._register("stage1", self.learner.published[i], i)
+                heads = original(*versions)
+                for version in versions[0] if versions else [self.learner.train_iteration * self.per_iteration]:
+                    self._register("stage1", heads, version)
+            return heads
         return publish
 
     # -- the run's end ----------------------------------------------------------------------------------------
@@ -683,7 +722,7 @@ class Probe:
                        f"stored one on any of {self.neighbour_tried} samples: the check cannot tell versions apart")
         return {
             "ok": True, "splitrl": str(Path(splitrl.__file__).parent), "mode": self.settings.schedule.mode,
-            "max_staleness": self.bound, "hold": self.hold,
+            "max_staleness": self.bound, "hold": self.hold, "versions_per_iteration": self.per_iteration,
             "iterations": n, "samples": sum(self.lags.values()),
             "invariants": ["a observations", "b outcomes", "c behaviour", "d versions", "e training data"]
             + (["f rescore"] if self.settings.schedule.rescore else []),
@@ -716,7 +755,7 @@ def _plant_obs_late(edge: Any) -> None:
 
 def _plant_version_tag(edge: Any) -> None:
     adopt = edge.adopt
-    edge.adopt = lambda: max(adopt() - 1, 0)
+    edge.adopt = lambda *version: max(adopt(*version) - 1, 0)
 
 
 def _plant_rescore_stale(edge: Any) -> None:

@@ -57,6 +57,23 @@ def test_samples_lagging_one_and_two_versions_line_up_and_rescored_train_against
     assert "f rescore" in summary["invariants"] and summary["rescored_rollouts"] == 3
 
 
+def test_epoch_paced_samples_line_up_and_rescored_train_against_the_training_network():
+    """--publish epoch (E = 2 of T = 32 steps) with --rescore: every step acts with the pace's version (2 epochs
+    behind for t < 16, 1 behind after), the layers of every epoch's end are what training left, and (a)-(f)
+    hold."""
+    summary = _summary(_probe("--", "--async", "--rescore", "--max-staleness", "1", "--publish", "epoch", *TINY))
+    assert summary["versions_per_iteration"] == 2
+    assert summary["lags"] == {"0": 64, "1": 64, "2": 64}  # in epochs: iteration 1 acts with the start
+    assert summary["rollouts_swapping_in_flight"] == 2 * 2  # iterations 2 and 3, each group once
+    assert "f rescore" in summary["invariants"] and summary["rescored_rollouts"] == 3
+
+
+def test_a_version_tag_one_epoch_behind_fails_the_paced_check():
+    done = _probe("--plant", "version-tag", "--", "--async", "--max-staleness", "1", "--publish", "epoch", *SHORT)
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    assert "invariant (d)" in done.stderr and "the pace says" in done.stderr, done.stderr[-3000:]
+
+
 def test_the_pipelined_schedule_passes_the_same_checks():
     """The control: without --async nothing lags, and the same checks pass."""
     summary = _summary(_probe("--", *TINY))
