@@ -19,10 +19,11 @@ run: $(STAMP)
 
 ## test: the test suite (what CI runs), on two workers (pytest-xdist): most tests wait on the stages they
 ## spawn. A module runs on one worker (its module-scoped fixtures once); modules that make network
-## namespaces take turns (tests/netem/support.py). TEST_WORKERS=0 runs it in one process.
+## namespaces take turns (tests/netem/support.py). TEST_WORKERS=0 runs it in one process. The slowest
+## 25 tests are listed at the end (where CI's minutes go).
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations 25 $(ARGS)
 
 ## bench: the transport micro-benchmark
 bench: $(STAMP)
