@@ -366,15 +366,18 @@ def layouts(settings: "TrainSettings", *, allow_stale: bool = False) -> list[tup
     _, _, minibatch = _batches(settings)
     sched = settings.schedule
     out = [("sync", dataclasses.replace(settings, schedule=dataclasses.replace(
-        sched, rollout_groups="1", microbatches=1, asynchronous=False)), 0)]
+        sched, rollout_groups="1", microbatches=1, asynchronous=False, publish="iteration")), 0)]
     for groups in [g for g in range(1, envs + 1) if envs % g == 0]:
         for micro in [m for m in (1, 2, 4) if minibatch % m == 0]:
             if groups == 1 and micro == 1:
                 continue
             for asynchronous in ((False, True) if allow_stale else (False,)):
-                name = f"{'async' if asynchronous else 'pipelined'} groups={groups} micro-batches={micro}"
+                publish = sched.publish if asynchronous else "iteration"  # (--publish epoch is async's alone)
+                name = (f"{'async' if asynchronous else 'pipelined'} groups={groups} micro-batches={micro}"
+                        + (" publish=epoch" if publish == "epoch" else ""))
                 out.append((name, dataclasses.replace(settings, schedule=dataclasses.replace(
-                    sched, rollout_groups=str(groups), microbatches=micro, asynchronous=asynchronous)), 1))
+                    sched, rollout_groups=str(groups), microbatches=micro, asynchronous=asynchronous,
+                    publish=publish)), 1))
     return out
 
 

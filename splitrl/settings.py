@@ -370,7 +370,8 @@ class ScheduleSettings:
                      "ends; the rollout takes the newest at each step) or 'epoch' (after every epoch, paced: step t "
                      "of a rollout of T steps acts with the weights after floor(t * E / T) of the E epochs of the "
                      "training beside it, so the rollout spans that training and a sample lags E down to 1 epochs, "
-                     "(E + 1) / (2E) of an iteration on average instead of 1; deterministic; needs --max-staleness 1)",
+                     "(E + 1) / (2E) of an iteration on average instead of 1; deterministic, but a resumed run's first rollout "
+                     "acts with the checkpoint's weights throughout; needs --max-staleness 1)",
         choices=PUBLISH)
     rescore: bool = doc(
         False, "with --async: before an iteration trains, score its rollout once more with the network that "

@@ -169,7 +169,12 @@ def test_plan_command_recommends(monkeypatch):
                                        "--num-envs", "4", "--num-steps", "1024", "--recommend", "--allow-stale"])
     assert result.exit_code == 0, result.output
     assert "recommended: pipelined" in result.output
-    assert "| sync |" in result.output and "policy version old" in result.output
+    assert "| sync |" in result.output and "samples 1 of an iteration old on average" in result.output
+    paced = CliRunner().invoke(main, ["plan", "--from", str(SYNC_RUN), "--rate", "20mbit", "--rtt", "20",
+                                      "--num-envs", "4", "--num-steps", "1024", "--recommend", "--allow-stale",
+                                      "--async", "--publish", "epoch"])
+    assert paced.exit_code == 0, paced.output
+    assert "publish=epoch" in paced.output and "samples 0.55 of an iteration old on average" in paced.output
     bad = CliRunner().invoke(main, ["plan", "--from", str(SYNC_RUN), "--codec-rollout", "bf16"])
     assert bad.exit_code != 0 and "--bytes-from" in bad.output
 

@@ -68,7 +68,8 @@ def plan(settings: TrainSettings, options: RunOptions, calibration: str, bytes_f
                    f"faster than the slowest here); it changes no learning maths")
         stale_name, _, stale = plans[0]
         if stale.staleness:
-            click.echo(f"faster, if learning tolerates samples {stale.staleness:.0f} policy version old: {stale_name}, "
+            click.echo(f"faster, if learning tolerates samples {stale.staleness:.2g} of an iteration old on average: "
+                       f"{stale_name}, "
                        f"{stale.seconds:.1f} s (its rollout takes {stale.balance:.2f} of its training's time: "
                        f"{'the learner is the bound' if stale.balance < 1 else 'the rollout is the bound'})")
 
@@ -80,5 +81,5 @@ def _table(plans: list) -> str:
            "| staleness |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, p in plans:
         out.append(f"| {name} | {p.seconds:.1f} | {p.rollout:.1f} | {p.training:.1f} | {p.bytes_per_step:,.0f} "
-                   f"| {p.busy0:.2f} | {p.busy1:.2f} | {p.staleness:.0f} |")
+                   f"| {p.busy0:.2f} | {p.busy1:.2f} | {p.staleness:.2g} |")
     return "\n".join(out)

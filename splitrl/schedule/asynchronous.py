@@ -276,7 +276,10 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
             progress.wait(lambda: progress.trained >= iteration - 1 - bound, link.timeout * s.num_iterations,
                           f"iteration {iteration - 1 - bound} to train")
             busy = PhaseClock()
-            stage1_rollout(learner, rollout_link, busy, iteration, adopt=adopt)
+            # A paced rollout (--publish epoch) pauses mid-way for an epoch of training, which may take longer
+            # than a receive's timeout (a slow link, an evaluation before it): waited for as the bound is.
+            stage1_rollout(learner, rollout_link, busy, iteration, adopt=adopt,
+                           timeout=link.timeout * s.num_iterations if per_iteration > 1 else None)
             rollouts[iteration] = learner.rollout_summary()
             acting_seconds[iteration] = busy.seconds["heads"]
             progress.set(collected=iteration)

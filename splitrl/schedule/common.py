@@ -48,9 +48,10 @@ class PhaseClock:
         return phase
 
 
-def expect(link: Transport, kind: str, **header: Any) -> Message:
-    """The next message, which must be ``kind`` with these header values; `ProtocolError` otherwise."""
-    return _checked(link, link.recv(), kind, header)
+def expect(link: Transport, kind: str, *, timeout: float | None = None, **header: Any) -> Message:
+    """The next message, which must be ``kind`` with these header values; `ProtocolError` otherwise. ``timeout``:
+    the receive's (default: the link's)."""
+    return _checked(link, link.recv(timeout), kind, header)
 
 
 def after_progress(link: Transport, kind: str, timeout: float | None = None, **header: Any) -> Message:

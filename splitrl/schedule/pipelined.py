@@ -194,20 +194,21 @@ def stage0_rollout(edge: Edge, link: Transport, clock: PhaseClock, iteration: in
 
 
 def stage1_rollout(learner: Learner, link: Transport, busy: PhaseClock, iteration: int, *,
-                   adopt: Callable[[Any], None] | None = None) -> None:
+                   adopt: Callable[[Any], None] | None = None, timeout: float | None = None) -> None:
     """One rollout, groups in the order stage0 sends them. ``adopt(version)``: called with each
-    message's acting version before it is used (the asynchronous schedule)."""
+    message's acting version before it is used (the asynchronous schedule); ``timeout``: each receive's
+    (default: the link's)."""
     learner.begin_rollout(iteration)
     for t in range(learner.settings.ppo.num_steps):
         for g in range(len(learner.groups)):
-            msg = expect(link, "step", t=t, g=g)
+            msg = expect(link, "step", timeout=timeout, t=t, g=g)
             if adopt is not None:
                 adopt(msg.header.get("v"))
             with busy("heads"):
                 tensors, header = learner.act(t, msg, g)
             link.send("action", tensors, {**header, "t": t, "g": g})
     for g in range(len(learner.groups)):
-        msg = expect(link, "rollout_end", g=g)
+        msg = expect(link, "rollout_end", timeout=timeout, g=g)
         if adopt is not None:
             adopt(msg.header.get("v"))
         with busy("heads"):

@@ -79,7 +79,12 @@ class Learner:
         self.generator = torch.Generator().manual_seed(settings.seed)
         self.acting: ActorCriticHeads = copy.deepcopy(self.heads).requires_grad_(False) if acting_copy else self.heads
         self.acting_version = 0
+        self.acting_as = 0
+        """The newest number the acting heads were published under: `acting_version` but where an early stop
+        (--target-kl) published one copy under several (`publish`); what each sample's version is stored as, so
+        that its lag counts the training it really missed."""
         self.published: dict[int, ActorCriticHeads] = {}
+        self.newest_alias: dict[int, int] = {}
         n, t = settings.env.num_envs, ppo.num_steps
         self.set_groups(1)
         self.buffers = [RolloutBuffer(t, n, spec.action_dim, spec.discrete) for _ in range(slots)]
@@ -186,8 +191,10 @@ class Learner:
             raise ProtocolError(f"step: stage0 acts with policy version {version}; stage1 has published "
                                 f"{sorted(self.published) or 'none'} after acting with {self.acting_version}")
         self.acting, self.acting_version = heads, version
+        self.acting_as = self.newest_alias.get(version, version)
         for old in [v for v in list(self.published) if v < version]:  # list(): publish() may add meanwhile
             del self.published[old]
+            self.newest_alias.pop(old, None)
 
     def act(self, t: int, msg: Message, g: int = 0) -> Payload:
         """Record the outcome that rides on group ``g``'s step ``t``, then sample the policy's action."""
@@ -260,7 +267,7 @@ class Learner:
 
     def _acting_version(self) -> int:
         # Without a copy the heads act as they are: trained iteration - 1 times.
-        return self.acting_version if self.acting is not self.heads else \
+        return self.acting_as if self.acting is not self.heads else \
             (self.iteration - 1) * self.settings.versions_per_iteration
 
     def end_rollout(self, msg: Message, g: int = 0) -> None:
@@ -530,7 +537,9 @@ class Learner:
         the iterations trained, in versions (`TrainSettings.versions_per_iteration`). Several numbers name one
         copy where training ended early (--target-kl)."""
         heads = copy.deepcopy(self.heads).requires_grad_(False)
-        for version in [self.train_iteration * self.settings.versions_per_iteration] if versions is None else versions:
+        numbers = [self.train_iteration * self.settings.versions_per_iteration] if versions is None else list(versions)
+        for version in numbers:
+            self.newest_alias[version] = numbers[-1]  # (before the copy is there to adopt)
             self.published[version] = heads
         return heads
 
@@ -569,6 +578,6 @@ class Learner:
         if "encoder_average" in state:  # --encoder-sync avg: the view the edges average against
             self.encoder_start, self.encoder_average = dict(state["encoder_average"]), None
         if self.acting is not self.heads:
-            self.acting_version = self.train_iteration * self.settings.versions_per_iteration
+            self.acting_version = self.acting_as = self.train_iteration * self.settings.versions_per_iteration
             self.acting = copy.deepcopy(self.heads).requires_grad_(False)
-            self.published = {self.acting_version: self.acting}
+            self.published, self.newest_alias = {self.acting_version: self.acting}, {}
