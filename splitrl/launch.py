@@ -42,10 +42,25 @@ _PICK = random.SystemRandom()
 """Not the global generator: a run seeds that one, and two processes must not pick alike."""
 
 
+PORT_RANGE_ENV = "SPLITRL_PORT_RANGE"
+"""``LOW-HIGH``: where `free_port` picks (a firewall's opening; test workers that must not pick alike)."""
+
+
 def _below_ephemeral() -> tuple[int, int] | None:
     """Ports under the kernel's ephemeral range (where outgoing connections take their local port): a port chosen
     there cannot be taken by a connection between our check and the stage's bind (seen once: an edge's
-    connection took the port stage1 was about to bind). None where the range is unknown or starts too low."""
+    connection took the port stage1 was about to bind). None where the range is unknown or starts too low.
+    `PORT_RANGE_ENV` narrows it."""
+    wanted = os.environ.get(PORT_RANGE_ENV)
+    if wanted:
+        low_s, _, high_s = wanted.partition("-")
+        try:
+            low, high = int(low_s), int(high_s)
+        except ValueError:
+            low = high = 0
+        if not 1024 <= low < high <= 65535:
+            raise ValueError(f"{PORT_RANGE_ENV}={wanted!r}: expected LOW-HIGH, 1024 <= LOW < HIGH <= 65535")
+        return low, high
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             low = int(f.read().split()[0])

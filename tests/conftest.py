@@ -8,6 +8,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Each pytest-xdist worker picks free ports (here and in the stages it starts) from its own slice of 10000-32767:
+# two workers checking the same port free a moment apart, then both binding it, failed CI once.
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    _worker, _workers = int(os.environ["PYTEST_XDIST_WORKER"][2:]), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
+    _width = (32_767 - 10_000) // max(_workers, 1)
+    os.environ.setdefault("SPLITRL_PORT_RANGE", f"{10_000 + _worker * _width}-{10_000 + (_worker + 1) * _width - 1}")
+
 # Tiny but complete: two iterations, truncations every 20 steps (bootstrapping is exercised).
 TINY = [
     "--total-steps", "64", "--num-steps", "32", "--epochs", "2", "--minibatches", "2",

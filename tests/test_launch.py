@@ -6,7 +6,9 @@ import subprocess
 import sys
 import time
 
-from splitrl.launch import free_port, free_port_pair, supervise
+import pytest
+
+from splitrl.launch import PORT_RANGE_ENV, free_port, free_port_pair, supervise
 
 
 def _python(code: str, **kwargs) -> subprocess.Popen:
@@ -63,3 +65,11 @@ def test_a_process_group_is_stopped_whole():
     else:
         raise AssertionError("the leader's child survived")
     leader.stdout.close()
+
+
+def test_free_ports_come_from_the_range_asked_for(monkeypatch):
+    monkeypatch.setenv(PORT_RANGE_ENV, "20000-20009")
+    assert all(20000 <= free_port(count=2) <= 20008 for _ in range(20))
+    monkeypatch.setenv(PORT_RANGE_ENV, "20009-20000")
+    with pytest.raises(ValueError, match="LOW-HIGH"):
+        free_port()

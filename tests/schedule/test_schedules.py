@@ -217,8 +217,10 @@ def test_epoch_versions_and_the_pace():
 
 def test_a_rescore_goes_through_the_fwd_codec_a_link_budget_chose(tmp_path):
     """--link-budget switches the fwd codec when an iteration's training begins: the rescore that opens it is
-    encoded and decoded with the new one on both sides (bf16 -> int8 here: half the bytes)."""
-    args = ["--num-envs", "2", "--num-steps", "16", "--total-steps", "96", "--epochs", "2", "--minibatches", "2",
+    encoded and decoded with the new one on both sides (bf16 -> int8 here: half the bytes). The budget chooses
+    at a rollout's start from the newest record; rollout 4 starts after iteration 2 trained, so after record 1
+    (rollout 3 may start before record 1 is written: four iterations, not three)."""
+    args = ["--num-envs", "2", "--num-steps", "16", "--total-steps", "128", "--epochs", "2", "--minibatches", "2",
             "--max-episode-steps", "20", "--threads", "1", "--async", "--rescore", "--codec-fwd", "bf16",
             "--link-budget", "1kbit"]
     _twin(tmp_path / "twin", *args)
