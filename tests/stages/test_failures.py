@@ -61,9 +61,9 @@ def test_unreachable_peer_times_out_with_a_clear_error(tmp_path):
 
 
 # Every schedule must fail as the synchronous one does (the pipelined one with two env groups and
-# micro-batches, the asynchronous one with its two threads a side).
+# micro-batches, the asynchronous one with its two threads a side, free-running or paced by epochs).
 MODES = {"sync": [], "pipelined": ["--num-envs", "2", "--rollout-groups", "2", "--microbatches", "2"],
-         "async": ["--async", "--vector", "async"]}
+         "async": ["--async", "--vector", "async"], "async-epoch": ["--async", "--publish", "epoch", "--vector", "async"]}
 
 
 @pytest.mark.parametrize("mode", MODES)

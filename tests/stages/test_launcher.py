@@ -26,7 +26,8 @@ def test_launcher_runs_a_split_training_to_the_end(tmp_path, spawn):
 
 
 @pytest.mark.parametrize("mode, sig", [("sync", signal.SIGINT), ("sync", signal.SIGTERM),
-                                       ("pipelined", signal.SIGINT), ("async", signal.SIGINT)])
+                                       ("pipelined", signal.SIGINT), ("async", signal.SIGINT),
+                                       ("async-epoch", signal.SIGINT)])
 def test_interrupting_the_launcher_stops_both_stages(tmp_path, spawn, mode, sig):
     from .test_failures import MODES
 
