@@ -100,7 +100,9 @@ def test_stage0_talks_only_to_the_server_key_it_pins(spawn, raw_peers, keydir, t
         peer.recv()
     code, out = stage0.finish(timeout=120)
     assert code == 1, out
-    assert "no message from stage1" in out
+    # Its hello waits for a connection that never completes: queued (then nothing comes back) or, where ZeroMQ
+    # has no pipe for it yet, not sent within the --start-timeout. Either way not a byte reached the impostor.
+    assert "no message from stage1" in out or "could not send to stage1" in out, out
 
 
 @pytest.mark.parametrize("command, endpoint_option, extra", [
