@@ -120,15 +120,28 @@ def epoch_versions(iteration: int, epoch: int, last: bool, per_iteration: int) -
 
 
 class _Progress:
-    """What the two threads of one stage tell each other: rollouts collected, iterations trained, versions
-    published, a failure."""
+    """What the two threads of one stage tell each other: rollouts collected, versions published (P an iteration:
+    `TrainSettings.versions_per_iteration`), a failure."""
 
-    def __init__(self) -> None:
+    def __init__(self, per_iteration: int, first: int) -> None:
         self.cond = threading.Condition()
-        self.collected = 0
-        self.trained = 0
-        self.published = 0
+        self.per_iteration = per_iteration
+        self.collected = first - 1
+        self.published = (first - 1) * per_iteration
         self.error: BaseException | None = None
+
+    @property
+    def trained(self) -> int:
+        """Iterations trained: an iteration's end is its last version, i * P (an epoch before it is below it)."""
+        return self.published // self.per_iteration
+
+    def publish(self, publish: Callable[[list[int]], Any], iteration: int, epoch: int, last: bool) -> None:
+        """``publish`` the weights after ``epoch`` of ``iteration``'s training under their versions
+        (`epoch_versions`, if it has any), then tell the other thread."""
+        versions = epoch_versions(iteration, epoch, last, self.per_iteration)
+        if versions:
+            publish(versions)
+            self.set(published=versions[-1])
 
     def wait(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -191,14 +204,13 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
     edge.open_envs()
     channels = Channels(link, STAGE0_ROUTES)
     rollout_link, train_link = channels["rollout"], channels["train"]
-    progress = _Progress()
     clocks: dict[int, PhaseClock] = {}
     rollouts: dict[int, dict[str, Any]] = {}
     bound, timeout = s.schedule.max_staleness, link.timeout
 
     first = edge.train_iteration + 1  # from a checkpoint's, if resumed
     per_iteration = s.versions_per_iteration
-    progress.set(collected=first - 1, trained=first - 1, published=(first - 1) * per_iteration)
+    progress = _Progress(per_iteration, first)
 
     def versions(iteration: int, clock: PhaseClock) -> Callable[[int], int]:
         if s.schedule.publish != "epoch":
@@ -206,9 +218,10 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
 
         def paced(t: int) -> int:
             version = paced_version(iteration, t, s.ppo.num_steps, per_iteration, first)
-            with clock("pace"):
-                progress.wait(lambda: progress.published >= version, timeout * s.num_iterations,
-                              f"policy version {version} to act with")
+            if progress.published < version:  # (read without the lock: it only grows)
+                with clock("pace"):
+                    progress.wait(lambda: progress.published >= version, timeout * s.num_iterations,
+                                  f"policy version {version} to act with")
             return edge.adopt(version)
         return paced
 
@@ -222,10 +235,7 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
             progress.set(collected=iteration)
 
     def publish(iteration: int, epoch: int, last: bool) -> None:
-        published = epoch_versions(iteration, epoch, last, per_iteration)
-        if published:
-            edge.publish(published) if per_iteration > 1 else edge.publish()
-            progress.set(published=published[-1], **({"trained": iteration} if last else {}))
+        progress.publish(edge.publish, iteration, epoch, last)
 
     metrics = IterationLog(edge, train_link, extra=measured)
     with _alongside("stage0 rollout", collect, progress, channels):
@@ -255,13 +265,12 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
     learn_groups(learner, link)
     channels = Channels(link, STAGE1_ROUTES)
     rollout_link, train_link = channels["rollout"], channels["train"]
-    progress = _Progress()
     acting_seconds: dict[int, float] = {}
     rollouts: dict[int, dict[str, Any]] = {}
     bound = s.schedule.max_staleness
     first = learner.train_iteration + 1  # from a checkpoint's, if resumed
     per_iteration = s.versions_per_iteration
-    progress.set(collected=first - 1, trained=first - 1, published=(first - 1) * per_iteration)
+    progress = _Progress(per_iteration, first)
 
     def adopt(version: Any) -> None:
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
@@ -285,11 +294,10 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
             progress.set(collected=iteration)
 
     def publish(iteration: int, epoch: int, last: bool, busy: PhaseClock) -> None:
-        published = epoch_versions(iteration, epoch, last, per_iteration)
-        if published:
+        def timed(versions: list[int]) -> None:
             with busy("heads"):
-                learner.publish(published) if per_iteration > 1 else learner.publish()
-            progress.set(published=published[-1], **({"trained": iteration} if last else {}))
+                learner.publish(versions)
+        progress.publish(timed, iteration, epoch, last)
 
     with _alongside("stage1 rollout", collect, progress, channels):
         for iteration in range(first, s.num_iterations + 1):

@@ -84,7 +84,6 @@ class Learner:
         (--target-kl) published one copy under several (`publish`); what each sample's version is stored as, so
         that its lag counts the training it really missed."""
         self.published: dict[int, ActorCriticHeads] = {}
-        self.newest_alias: dict[int, int] = {}
         n, t = settings.env.num_envs, ppo.num_steps
         self.set_groups(1)
         self.buffers = [RolloutBuffer(t, n, spec.action_dim, spec.discrete) for _ in range(slots)]
@@ -191,10 +190,10 @@ class Learner:
             raise ProtocolError(f"step: stage0 acts with policy version {version}; stage1 has published "
                                 f"{sorted(self.published) or 'none'} after acting with {self.acting_version}")
         self.acting, self.acting_version = heads, version
-        self.acting_as = self.newest_alias.get(version, version)
+        # An early stop's aliases (`publish`) are all >= version, none dropped yet: the newest names the copy.
+        self.acting_as = max(v for v, h in list(self.published.items()) if h is heads)
         for old in [v for v in list(self.published) if v < version]:  # list(): publish() may add meanwhile
             del self.published[old]
-            self.newest_alias.pop(old, None)
 
     def act(self, t: int, msg: Message, g: int = 0) -> Payload:
         """Record the outcome that rides on group ``g``'s step ``t``, then sample the policy's action."""
@@ -537,9 +536,7 @@ class Learner:
         the iterations trained, in versions (`TrainSettings.versions_per_iteration`). Several numbers name one
         copy where training ended early (--target-kl)."""
         heads = copy.deepcopy(self.heads).requires_grad_(False)
-        numbers = [self.train_iteration * self.settings.versions_per_iteration] if versions is None else list(versions)
-        for version in numbers:
-            self.newest_alias[version] = numbers[-1]  # (before the copy is there to adopt)
+        for version in [self.train_iteration * self.settings.versions_per_iteration] if versions is None else versions:
             self.published[version] = heads
         return heads
 
@@ -580,4 +577,4 @@ class Learner:
         if self.acting is not self.heads:
             self.acting_version = self.acting_as = self.train_iteration * self.settings.versions_per_iteration
             self.acting = copy.deepcopy(self.heads).requires_grad_(False)
-            self.published, self.newest_alias = {self.acting_version: self.acting}, {}
+            self.published = {self.acting_version: self.acting}
