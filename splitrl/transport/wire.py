@@ -91,6 +91,8 @@ class WireLimits:
     """Message kinds the application accepts (None: any well-formed kind name)."""
 
     def __post_init__(self) -> None:
+        # Layouts of messages that passed the whole check under these limits (`_decode_known`); not a field.
+        object.__setattr__(self, "_known", {})
         for name in ("max_header_bytes", "max_tensors", "max_ndim", "max_tensor_bytes", "max_message_bytes",
                      "max_depth"):
             value = getattr(self, name)
@@ -127,25 +129,26 @@ def frame_nbytes(frame: Any) -> int:
     return frame.nbytes
 
 
-def _tensor_frame(name: str, tensor: torch.Tensor) -> tuple[list[Any], memoryview]:
+def _tensor_frame(name: str, tensor: torch.Tensor) -> tuple[str, tuple[int, ...], memoryview]:
+    """A tensor's wire dtype, shape and bytes (a view of them: no copy when it is contiguous)."""
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"tensor {name!r}: expected a torch.Tensor, got {type(tensor).__name__}")
     dtype = _DTYPE_NAMES.get(tensor.dtype)
     if dtype is None:
         raise ValueError(f"tensor {name!r}: dtype {tensor.dtype} is not one of {sorted(DTYPES)}")
+    # The common case in one call: numpy() refuses what the general path below mends or rejects (a tensor that
+    # requires grad, one with its conjugate or negative bit set, one not on the CPU or not strided), and
+    # reports non-contiguity in its flags. numpy has no bfloat16: its bits go through an int16 view.
+    try:
+        array = (tensor.view(torch.int16) if dtype == "bfloat16" else tensor).numpy()
+    except (RuntimeError, TypeError):
+        array = None
+    if array is not None and array.ndim and array.size and array.flags.c_contiguous:
+        return dtype, array.shape, memoryview(array).cast("B")
     if not tensor.is_cpu:
         raise ValueError(f"tensor {name!r} is on {tensor.device}; move it to the CPU before sending")
     if tensor.layout is not torch.strided:
         raise ValueError(f"tensor {name!r} is {tensor.layout}; send a dense tensor (to_dense())")
-    if dtype in _NUMPY_DTYPES:
-        # The common case in one call: numpy() refuses what the general path below mends (a tensor that
-        # requires grad, one with its conjugate or negative bit set), and reports non-contiguity in its flags.
-        try:
-            array = tensor.numpy()
-        except RuntimeError:
-            array = None
-        if array is not None and array.ndim and array.size and array.flags.c_contiguous:
-            return [name, dtype, list(array.shape)], memoryview(array).cast("B")
     if tensor.dim() and tensor.numel() and tensor.is_contiguous() and not (
         tensor.requires_grad or tensor.is_conj() or tensor.is_neg()
     ):
@@ -156,7 +159,40 @@ def _tensor_frame(name: str, tensor: torch.Tensor) -> tuple[list[Any], memoryvie
     buffer = memoryview(flat.view(torch.uint8).numpy())
     if buffer.ndim != 1:
         buffer = buffer.cast("B")
-    return [name, dtype, list(tensor.shape)], buffer
+    return dtype, tuple(tensor.shape), buffer
+
+
+def _uint(n: int) -> bytes:
+    """msgpack's shortest encoding of a non-negative int (what ``msgpack.packb`` writes)."""
+    if n < 0x80:
+        return _FIXINTS[n]
+    if n < 0x100:
+        return b"\xcc" + n.to_bytes(1, "big")
+    if n < 0x10000:
+        return b"\xcd" + n.to_bytes(2, "big")
+    if n < 0x100000000:
+        return b"\xce" + n.to_bytes(4, "big")
+    return b"\xcf" + n.to_bytes(8, "big")
+
+
+_FIXINTS = [bytes((n,)) for n in range(0x80)]
+
+
+def _prefix(kind: str, specs: list[list[Any]], sid: int | None) -> bytes:
+    """Frame 0 up to the sequence number, as the encoder writes it: the map's size, ``v``, ``k``, ``t`` and
+    ``i`` (when there is a session); ``s`` and ``h``, which change from message to message, follow."""
+    parts = [b"\x86" if sid is not None else b"\x85", b"\xa1v", _uint(PROTOCOL_VERSION), b"\xa1k",
+             msgpack.packb(kind), b"\xa1t", msgpack.packb(specs, use_bin_type=True)]
+    if sid is not None:
+        parts += [b"\xa1i", _uint(sid)]
+    return b"".join(parts)
+
+
+_PREFIXES: dict[tuple[Any, ...], bytes] = {}
+"""`_prefix` by (kind, sid, (name, dtype, shape) per tensor): a message like an earlier one packs only its
+sequence number and header. At most `_CACHE_MAX` entries (emptied when full: a stream of ever new shapes,
+compressed frames', cannot grow it)."""
+_CACHE_MAX = 1024
 
 
 def encode(
@@ -177,6 +213,7 @@ def encode(
         raise ValueError(f"sequence number must be an int in [0, 2**63), got {seq!r}")
     if sid is not None and not (_is_int(sid) and 0 < sid <= MAX_SESSION_ID):
         raise ValueError(f"session id must be an int in [1, 2**32), got {sid!r}")
+    packed_header = b"\x80"  # {}
     if header:
         header = dict(header)
         if not all(isinstance(k, str) for k in header):
@@ -184,23 +221,27 @@ def encode(
         problem = _plain_header_problem(header, WireLimits.max_depth)
         if problem is not None:
             raise ValueError(f"header of {kind!r} must hold plain data with str map keys, got {problem}")
-    else:
-        header = {}
-    specs: list[list[Any]] = []
+        try:
+            packed_header = msgpack.packb(header, use_bin_type=True)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"header of {kind!r} is not msgpack-serialisable: {exc}") from exc
     frames: list[Any] = [b""]
-    for index, (name, tensor) in enumerate((tensors or {}).items(), start=1):
+    key: list[Any] = [kind, sid]
+    for name, tensor in (tensors or {}).items():
         if not _well_formed(_CHECKED_NAMES, _NAME_RE, name):
             raise ValueError(f"tensor name must match {_NAME_RE.pattern!r}, got {name!r}")
-        spec, buffer = _tensor_frame(name, tensor)
-        specs.append(spec + [index])
+        dtype, shape, buffer = _tensor_frame(name, tensor)
+        key.append((name, dtype, shape))
         frames.append(buffer)
-    try:
-        outer = {"v": PROTOCOL_VERSION, "k": kind, "s": seq, "h": header, "t": specs}
-        if sid is not None:
-            outer[_SESSION_KEY] = sid
-        frames[0] = msgpack.packb(outer, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise ValueError(f"header of {kind!r} is not msgpack-serialisable: {exc}") from exc
+    cached = tuple(key)
+    prefix = _PREFIXES.get(cached)
+    if prefix is None:
+        prefix = _prefix(kind, [[name, dtype, list(shape), i] for i, (name, dtype, shape) in enumerate(key[2:], 1)],
+                         sid)
+        if len(_PREFIXES) >= _CACHE_MAX:
+            _PREFIXES.clear()
+        _PREFIXES[cached] = prefix
+    frames[0] = b"".join((prefix, b"\xa1s", _uint(seq), b"\xa1h", packed_header))
     return frames
 
 
@@ -308,7 +349,21 @@ def decode(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> Message:
 
     Tensors share memory with the frames (no copy) where the frame is suitably
     aligned, so the frames' owners must not reuse their buffers.
+
+    A message laid out as this encoder writes it, whose kind, tensor specs and session id are those of one
+    checked before (`_known`), skips the checks those passed and msgpack for all but its header; anything
+    else, and anything that path is not sure of, takes the whole check (`_decode_checked`).
     """
+    msg = _decode_known(frames, limits) if limits._known and len(frames) else None
+    if msg is not None:
+        return msg
+    msg = _decode_checked(frames, limits)
+    _learn(frames[0], msg, limits)
+    return msg
+
+
+def _decode_checked(frames: Sequence[Any], limits: WireLimits) -> Message:
+    """`decode`'s whole check, of any valid encoding."""
     if not isinstance(frames, (list, tuple)) and not isinstance(frames, Sequence) or len(frames) == 0:
         raise _fail("message", "at least the header frame", f"{len(frames) if isinstance(frames, Sequence) else frames!r} frames")
     if len(frames) > limits.max_tensors + 1:
@@ -381,7 +436,131 @@ def decode(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> Message:
         if limits.finite and dtype.is_floating_point and numel and not _all_finite(tensor, frames[index]):
             bad = int((~torch.isfinite(tensor)).sum())
             raise ProtocolError(f"tensor {where!r}: expected finite values, got {bad} NaN or infinite of {numel}")
-    return Message(kind=kind, header=header, tensors=tensors, seq=seq, nbytes=total, sid=obj.get(_SESSION_KEY))
+    return _message(kind, header, tensors, seq, total, obj.get(_SESSION_KEY))
+
+
+def _message(kind: str, header: dict[str, Any], tensors: dict[str, torch.Tensor], seq: int, nbytes: int,
+             sid: int | None) -> Message:
+    """A `Message`, made without the frozen dataclass's ``__init__`` (a guarded ``__setattr__`` per field: about
+    2 us, a tenth of a small message's decode)."""
+    msg = object.__new__(Message)
+    msg.__dict__.update(kind=kind, header=header, tensors=tensors, seq=seq, nbytes=nbytes, sid=sid)
+    return msg
+
+
+_KNOWN_PER_KIND = 8
+"""Most layouts (specs and session id) `_known` keeps per kind: a stream of ever new shapes (compressed
+frames') replaces its own, the oldest first."""
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What the whole check found of a message's specs and session, to skip next time (`_decode_known`)."""
+
+    prefix: bytes  # frame 0 up to the sequence number (`_prefix`)
+    kind: str
+    specs: tuple[tuple[str, torch.dtype, int, list[int], int, int, bool], ...]
+    # name, dtype, item size, shape, element count, byte length, whether the finite check applies
+    sid: int | None
+    tensor_bytes: int
+
+
+def _learn(header_frame: Any, msg: Message, limits: WireLimits) -> None:
+    """Keep ``msg``'s layout in ``limits._known`` when frame 0 begins as this encoder writes it."""
+    specs, rows = [], []
+    for index, (name, tensor) in enumerate(msg.tensors.items(), start=1):
+        dtype_name, shape = _DTYPE_NAMES[tensor.dtype], list(tensor.shape)
+        specs.append([name, dtype_name, shape, index])
+        rows.append((name, tensor.dtype, _ITEMSIZE[dtype_name], shape, tensor.numel(),
+                     tensor.numel() * _ITEMSIZE[dtype_name], tensor.dtype.is_floating_point and limits.finite))
+    prefix = _prefix(msg.kind, specs, msg.sid)
+    if not bytes(header_frame[: len(prefix)]) == prefix:
+        return  # another encoder's key order or encodings: always the whole check
+    if len(msg.kind) > 31:
+        return  # not a fixstr: `_decode_known` finds its kind in the 7th byte
+    key = prefix[: 7 + len(msg.kind)]
+    known = limits._known
+    layouts = known.get(key, ())
+    if any(layout.prefix == prefix for layout in layouts):
+        return
+    if len(known) >= _CACHE_MAX:
+        known.clear()
+    # A new tuple, not a list changed in place: another thread may be reading the old one.
+    known[key] = (_Layout(prefix, msg.kind, tuple(rows), msg.sid, sum(row[5] for row in rows)),
+                  *layouts[: _KNOWN_PER_KIND - 1])
+
+
+def _decode_known(frames: Sequence[Any], limits: WireLimits) -> Message | None:
+    """The message if it is laid out as one of its kind's layouts in ``limits._known`` (messages that passed
+    the whole check under these ``limits``) and everything that varies passes, else None: the whole check
+    then decides, and says why.
+
+    A layout's prefix is a complete msgpack encoding of the map's first keys, and msgpack is prefix-free: a
+    frame that starts with those bytes holds exactly those values. What follows is checked here: ``s`` (an
+    int in range), ``h`` (one msgpack map of plain data, reaching the frame's end), the frame count, each
+    frame's length, writability and finite values, the message's size."""
+    raw = frames[0]
+    kind = type(raw)
+    if kind is bytes:
+        head = raw
+    elif kind is memoryview or kind is bytearray:
+        if (raw.nbytes if kind is memoryview else len(raw)) > limits.max_header_bytes:
+            return None
+        head = bytes(raw)
+    else:
+        return None
+    if len(head) > limits.max_header_bytes or len(head) < 8 or not 0xA1 <= head[6] <= 0xBF:
+        return None
+    layouts = limits._known.get(head[: 7 + head[6] - 0xA0], ())
+    for layout in layouts:
+        if head.startswith(layout.prefix):
+            break
+    else:
+        return None
+    pos = len(layout.prefix)
+    if head[pos : pos + 2] != b"\xa1s" or pos + 2 >= len(head):
+        return None
+    first, pos = head[pos + 2], pos + 3
+    if first < 0x80:
+        seq = first
+    else:
+        width = _UINT_WIDTH.get(first)
+        if width is None:
+            return None
+        seq, pos = int.from_bytes(head[pos : pos + width], "big"), pos + width
+        if seq > _MAX_SEQ:
+            return None
+    if head[pos : pos + 2] != b"\xa1h":
+        return None
+    if head[pos + 2 :] == b"\x80":
+        header: Any = {}
+    else:
+        try:
+            header = msgpack.unpackb(head[pos + 2 :], raw=False, strict_map_key=True, use_list=True,
+                                     ext_hook=_reject_ext, timestamp=0)
+        except Exception:  # garbage, trailing bytes, an ext type: the whole check says which
+            return None
+        if type(header) is not dict or _plain_header_problem(header, limits.max_depth) is not None:
+            return None
+    specs = layout.specs
+    if len(frames) != len(specs) + 1 or len(head) + layout.tensor_bytes > limits.max_message_bytes:
+        return None
+    tensors = {}
+    for index, (name, dtype, itemsize, shape, numel, nbytes, finite) in enumerate(specs, start=1):
+        frame = frames[index]
+        kind = type(frame)
+        if kind is memoryview:
+            if frame.nbytes != nbytes or frame.readonly:
+                return None
+        elif kind is not bytearray or len(frame) != nbytes:
+            return None
+        tensor = tensors[name] = _tensor_from_frame(frame, dtype, itemsize, shape, numel)
+        if finite and numel and not _all_finite(tensor, frame):
+            return None
+    return _message(layout.kind, header, tensors, seq, len(head) + layout.tensor_bytes, layout.sid)
+
+
+_UINT_WIDTH = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
 
 
 _NON_FINITE_FROM = {torch.bfloat16: (0x7F80, 0xFF80), torch.float16: (0x7C00, 0xFC00)}
@@ -416,9 +595,7 @@ def _tensor_from_frame(frame: Any, dtype: torch.dtype, itemsize: int, shape: lis
     if view.readonly:
         # torch.frombuffer wants writable memory; bytes from a socket are copied once here.
         view = memoryview(bytearray(view))
-    tensor = torch.frombuffer(view, dtype=torch.uint8)
+    tensor = torch.frombuffer(view, dtype=dtype)
     if itemsize > 1 and tensor.data_ptr() % itemsize:
         tensor = tensor.clone()  # unaligned frame: copy so every kernel sees aligned data
-    if dtype is not torch.uint8:
-        tensor = tensor.view(dtype)
     return tensor if len(shape) == 1 else tensor.view(shape)

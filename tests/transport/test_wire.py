@@ -15,6 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from splitrl.transport import wire
 from splitrl.transport.errors import ProtocolError
 from splitrl.transport.wire import (
     DTYPES,
@@ -208,7 +209,7 @@ def test_frame_count_and_lengths(n):
     assert len(frames) == 1 + n
     specs = [[name, "float16", list(t.shape), i] for i, (name, t) in enumerate(tensors.items(), start=1)]
     expected_header = msgpack.packb(
-        {"v": PROTOCOL_VERSION, "k": "k", "s": 9, "h": header, "t": specs}, use_bin_type=True
+        {"v": PROTOCOL_VERSION, "k": "k", "t": specs, "s": 9, "h": header}, use_bin_type=True
     )
     assert bytes(frames[0]) == expected_header
     for i, t in enumerate(tensors.values(), start=1):
@@ -219,7 +220,7 @@ def test_worked_example_in_protocol_md_is_exact():
     """docs/PROTOCOL.md pastes these bytes; if this fails, update the document."""
     frames = encode("act", 3, {}, {"a": torch.tensor([1.0, -2.0], dtype=torch.float32)})
     assert [bytes(f).hex() for f in frames] == [
-        "85a17601a16ba3616374a17303a16880a1749194a161a7666c6f61743332910201",
+        "85a17601a16ba3616374a1749194a161a7666c6f61743332910201a17303a16880",
         "0000803f000000c0",
     ]
 
@@ -749,3 +750,126 @@ def test_a_transposed_row_and_other_odd_strides_cross_as_their_values(dtype):
 def test_a_sparse_tensor_is_refused_with_a_message():
     with pytest.raises(ValueError, match="dense"):
         encode("x", 0, tensors={"t": torch.eye(3).to_sparse()})
+
+
+# -- layouts checked before (`wire._decode_known`) ------------------------------------------------
+
+def _writable(frames: list) -> list[bytearray]:
+    """Frames as the transports deliver them: writable buffers (the path a known layout takes)."""
+    return [bytearray(bytes(f)) for f in frames]
+
+
+def _outcome(decoder, frames, limits):
+    try:
+        return decoder(frames, limits)
+    except ProtocolError as exc:
+        return f"ProtocolError: {exc}"
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    return ((a.kind, a.header, a.seq, a.nbytes, a.sid, list(a.tensors)) == (b.kind, b.header, b.seq, b.nbytes, b.sid,
+                                                                            list(b.tensors))
+            and all(bitwise_equal(a.tensors[name], b.tensors[name]) for name in a.tensors))
+
+
+@FUZZ
+@given(message=valid_messages(), sid=st.one_of(st.none(), st.integers(1, 2**32 - 1)), data=st.data())
+def test_a_layout_checked_before_accepts_and_rejects_exactly_what_the_whole_check_does(message, sid, data):
+    kind, seq, header, tensors = message
+    tensors = {**tensors, "f": sample(DTYPES[data.draw(st.sampled_from(["float32", "float16", "bfloat16"]))], (3,))}
+    limits = WireLimits()
+    decode(_writable(encode(kind, 0, None, tensors, sid)), limits)  # the whole check, which learns the layout
+    frames = _writable(encode(kind, seq, header, tensors, sid))
+    assert wire._decode_known(frames, limits) is not None  # another sequence number and header: the known path
+    tail = 4 + len(msgpack.packb(seq)) + len(msgpack.packb(header))  # "s" and "h", after the layout's prefix
+    mutation = data.draw(st.sampled_from(["none", "flip", "flip tail", "truncate", "extend", "drop", "add",
+                                          "non-finite", "read-only"]))
+    i = data.draw(st.integers(0, len(frames) - 1))
+    if mutation == "flip" and frames[i]:
+        frames[i][data.draw(st.integers(0, len(frames[i]) - 1))] ^= data.draw(st.integers(1, 255))
+    elif mutation == "flip tail":
+        frames[0][data.draw(st.integers(len(frames[0]) - tail, len(frames[0]) - 1))] ^= data.draw(st.integers(1, 255))
+    elif mutation == "truncate":
+        del frames[i][data.draw(st.integers(0, max(0, len(frames[i]) - 1))):]
+    elif mutation == "extend":
+        frames[i] += data.draw(st.binary(min_size=1, max_size=16))
+    elif mutation == "drop":
+        del frames[i]
+    elif mutation == "add":
+        frames.insert(data.draw(st.integers(0, len(frames))), bytearray(data.draw(st.binary(max_size=16))))
+    elif mutation == "non-finite":
+        bad = torch.tensor([float(data.draw(st.sampled_from(["nan", "inf", "-inf"])))]).to(tensors["f"].dtype)
+        at = data.draw(st.integers(0, 2)) * bad.element_size()
+        frames[-1][at : at + bad.element_size()] = bytes(bad.view(torch.uint8).numpy())
+    elif mutation == "read-only":
+        frames[i] = bytes(frames[i])
+    assert _same(_outcome(decode, frames, limits), _outcome(wire._decode_checked, frames, limits))
+
+
+def _frame0(seq_bytes: bytes, header_bytes: bytes, sid: int = 5) -> bytearray:
+    """Frame 0 of a one-tensor "step" as the encoder lays it out, with the given encodings of "s" and "h"."""
+    return bytearray(wire._prefix("step", [["x", "bfloat16", [4], 1]], sid) + b"\xa1s" + seq_bytes + b"\xa1h"
+                     + header_bytes)
+
+
+@pytest.mark.parametrize("case", [
+    "s above 2**63 - 1", "s negative", "s a float", "h with a bin key", "h 17 levels deep", "h with an ext type",
+    "h not a map", "bytes after h", "a frame too many", "a frame short", "a NaN", "over max_message_bytes",
+    "over max_header_bytes",
+])
+def test_what_a_known_layout_still_checks(case):
+    limits = WireLimits(max_message_bytes=60, max_header_bytes=70)  # the first message: 38 + 8 bytes
+    x = sample(torch.bfloat16, (4,))
+    decode(_writable(encode("step", 0, None, {"x": x}, sid=5)), limits)
+    ok_frames = [_frame0(b"\x07", b"\x80"), bytearray(bytes(encode("x", 0, None, {"x": x})[1]))]
+    assert wire._decode_known(ok_frames, limits) is not None
+    deep = {"a": 1}
+    for _ in range(17):
+        deep = {"a": deep}
+    frames = {
+        "s above 2**63 - 1": [_frame0(b"\xcf" + (2**63).to_bytes(8, "big"), b"\x80"), ok_frames[1]],
+        "s negative": [_frame0(b"\xff", b"\x80"), ok_frames[1]],
+        "s a float": [_frame0(msgpack.packb(7.0), b"\x80"), ok_frames[1]],
+        "h with a bin key": [_frame0(b"\x07", b"\x81\xc4\x01a\x01"), ok_frames[1]],
+        "h 17 levels deep": [_frame0(b"\x07", msgpack.packb(deep)), ok_frames[1]],
+        "h with an ext type": [_frame0(b"\x07", b"\x81\xa1a" + msgpack.packb(msgpack.ExtType(1, b"z"))), ok_frames[1]],
+        "h not a map": [_frame0(b"\x07", b"\x07"), ok_frames[1]],
+        "bytes after h": [_frame0(b"\x07", b"\x80\x80"), ok_frames[1]],
+        "a frame too many": ok_frames + [bytearray(b"\x00\x00")],
+        "a frame short": [ok_frames[0], ok_frames[1][:6]],
+        "a NaN": [ok_frames[0], bytearray(ok_frames[1][:6] + b"\xc0\x7f")],
+        "over max_message_bytes": [_frame0(b"\x07", msgpack.packb({"p": "a" * 12})), ok_frames[1]],
+        "over max_header_bytes": [_frame0(b"\x07", msgpack.packb({"p": "a" * 30})), ok_frames[1]],
+    }[case]
+    with pytest.raises(ProtocolError) as checked:
+        wire._decode_checked(frames, limits)
+    with pytest.raises(ProtocolError) as got:
+        decode(frames, limits)
+    assert str(got.value) == str(checked.value)
+
+
+def test_a_known_layout_skips_the_whole_check_and_its_limits_stay_its_own(monkeypatch):
+    tensors = {"features": sample(torch.bfloat16, (4, 8)), "index": sample(torch.int64, (4,))}
+    lax, strict = WireLimits(), WireLimits(kinds={"other"})
+    decode(_writable(encode("step", 0, {"t": 0}, tensors, sid=5)), lax)
+    monkeypatch.setattr(wire, "_decode_checked", lambda frames, limits: pytest.fail("took the whole check"))
+    msg = decode(_writable(encode("step", 1, {"t": 1, "g": 2}, tensors, sid=5)), lax)
+    assert msg.seq == 1 and msg.header == {"t": 1, "g": 2} and msg.sid == 5
+    assert all(bitwise_equal(msg.tensors[name], tensors[name]) for name in tensors)
+    monkeypatch.undo()
+    with pytest.raises(ProtocolError, match="message kind"):  # learnt under other limits: not these
+        decode(_writable(encode("step", 2, {"t": 2}, tensors, sid=5)), strict)
+    other_session = _writable(encode("step", 3, {"t": 3}, tensors, sid=6))
+    assert wire._decode_known(other_session, lax) is None  # another session id is another layout
+    assert decode(other_session, lax).sid == 6
+
+
+def test_the_encoder_s_cached_prefix_is_what_msgpack_packs():
+    tensors = {"a": sample(torch.float32, (2, 3)), "b": sample(torch.bfloat16, (5,))}
+    for _ in range(2):  # the first builds the prefix, the second reuses it
+        frames = encode("act", 300, {"t": 7}, tensors, sid=2**20)
+        specs = [["a", "float32", [2, 3], 1], ["b", "bfloat16", [5], 2]]
+        assert bytes(frames[0]) == msgpack.packb({"v": PROTOCOL_VERSION, "k": "act", "t": specs, "i": 2**20,
+                                                  "s": 300, "h": {"t": 7}}, use_bin_type=True)
