@@ -22,6 +22,7 @@ __all__ = ["breakdown"]
 
 _TIMEOUT_S = 10.0
 _WARMUP = 100
+_SESSION = 1
 
 
 def _peer(endpoint: str, count: int, ctrl: Connection) -> None:
@@ -31,6 +32,7 @@ def _peer(endpoint: str, count: int, ctrl: Connection) -> None:
 
     torch.set_num_threads(1)
     link = ZmqTransport(endpoint, bind=False, timeout=_TIMEOUT_S)
+    link.session = _SESSION  # as the handshake leaves it (the receiver learns the session's layouts)
     try:
         turnaround = []
         for _ in range(count + _WARMUP):
@@ -53,6 +55,7 @@ def breakdown(size: int = 16384, count: int = 3000) -> dict[str, float]:
     torch.set_num_threads(1)
     spawn = multiprocessing.get_context("spawn")
     link = ZmqTransport("tcp://127.0.0.1:0", bind=True, timeout=_TIMEOUT_S)
+    link.session = _SESSION
     ctrl, peer_ctrl = spawn.Pipe()
     peer = spawn.Process(target=_peer, args=(link.endpoint, count, peer_ctrl), daemon=True)
     peer.start()
@@ -68,7 +71,7 @@ def breakdown(size: int = 16384, count: int = 3000) -> dict[str, float]:
             t2 = time.perf_counter_ns()
             got = link._recv_frames(_TIMEOUT_S)
             t3 = time.perf_counter_ns()
-            wire.decode(got, link.limits)
+            wire.decode(got, link.limits, learn_for=_SESSION)
             t4 = time.perf_counter_ns()
             for name, a, b in zip(parts, (t0, t1, t2, t3), (t1, t2, t3, t4)):
                 parts[name].append(b - a)
@@ -83,10 +86,12 @@ def breakdown(size: int = 16384, count: int = 3000) -> dict[str, float]:
             peer.kill()
             peer.join(2.0)
         link.close()
-    frames = wire.encode("data", 0, None, {"x": tensor})
+    frames = wire.encode("data", 0, None, {"x": tensor}, sid=_SESSION)
     readable = [memoryview(bytes(frames[0])), memoryview(bytearray(frames[1]))]
-    for name, call in (("warm encode", lambda: wire.encode("data", 0, None, {"x": tensor})),
-                       ("warm decode", lambda: wire.decode(readable))):
+    warm = wire.WireLimits()
+    wire.decode(readable, warm, learn_for=_SESSION)
+    for name, call in (("warm encode", lambda: wire.encode("data", 0, None, {"x": tensor}, sid=_SESSION)),
+                       ("warm decode", lambda: wire.decode(readable, warm))):
         result[name] = min(timeit.repeat(call, number=2000, repeat=5)) / 2000 * 1e6
     return result
 

@@ -4,6 +4,10 @@ Each measured message carries one bfloat16 tensor of ``size`` bytes. Transports:
 
 - ``raw-zmq``: plain pyzmq PUSH/PULL, the tensor bytes as one frame
   (``send(memoryview, copy=False)``, ``recv(copy=False)``) -- the baseline;
+- ``raw-torch``: raw-zmq plus the least a transport that hands over torch tensors and refuses NaN does, and
+  no framing: a fixed header frame and the tensor's bytes (a view of the tensor, copied below pyzmq's
+  zero-copy threshold as `ZmqTransport` does), the receiver wrapping the frame in a tensor and checking its
+  values finite (`wire._all_finite`) -- the floor a framed transport's ratios can be read against;
 - ``zmq``: `ZmqTransport` (msgpack header frame + tensor frame, decode on receipt);
 - ``tcp``: `TcpTransport` (the same frames over one plain TCP connection);
 - ``torch-rpc``: `TorchRpcTransport` (the same frames as ``rpc_sync`` calls: the paper's link).
@@ -33,19 +37,20 @@ import torch
 import zmq
 
 from splitrl.launch import free_port
-from splitrl.transport import TcpTransport, Transport, ZmqTransport
+from splitrl.transport import TcpTransport, Transport, ZmqTransport, wire
 from splitrl.transport.zmq_transport import DEFAULT_HWM
 
 __all__ = ["run_transport_bench", "format_table", "TRANSPORTS", "ENDPOINTS"]
 
 log = logging.getLogger(__name__)
 
-TRANSPORTS = ("raw-zmq", "zmq", "tcp", "torch-rpc")
+TRANSPORTS = ("raw-zmq", "raw-torch", "zmq", "tcp", "torch-rpc")
 ENDPOINTS = ("tcp", "ipc", "inproc")
 DATA_TIMEOUT_S = 10.0
 """Every receive on the measured link gives up after this long."""
 START_TIMEOUT_S = 120.0
 """A spawned peer must import torch and open its link within this long."""
+_SESSION = 1
 _DATA_KIND = "data"
 _END_KIND = "end"
 _WARMUP = 50
@@ -109,6 +114,32 @@ class _RawZmqLink:
         self._pull.close()
 
 
+class _RawTorchLink(_RawZmqLink):
+    """``raw-torch``: raw pyzmq with a tensor at each end (see the module's docstring); an empty frame ends a run."""
+
+    _HEADER = b"x" * 40  # about what a data message's header frame weighs
+
+    def payload(self, tensor: torch.Tensor) -> Any:
+        return tensor
+
+    def send(self, payload: Any) -> None:
+        frame = memoryview(payload.view(torch.int16).numpy()).cast("B")
+        self._push.send(self._HEADER, zmq.SNDMORE)
+        self._push.send(frame, copy=frame.nbytes < zmq.COPY_THRESHOLD)
+
+    def recv(self) -> Any | None:
+        head = super().recv()
+        if head is None:
+            return None
+        frame = memoryview(self._pull.recv(copy=False))
+        tensor = torch.frombuffer(frame, dtype=torch.bfloat16)
+        if not wire._all_finite(tensor, frame):
+            raise RuntimeError("raw-torch: a non-finite value")
+        return tensor
+
+    echo = send
+
+
 class _TransportLink:
     """A splitrl `Transport`; a message of kind ``end`` marks the end of a run."""
 
@@ -122,6 +153,9 @@ class _TransportLink:
         else:
             cls = ZmqTransport if config["transport"] == "zmq" else TcpTransport
         self.transport = cls(config["endpoint"], bind=bind, timeout=DATA_TIMEOUT_S)
+        # As the stages' handshake leaves a link: every message carries the session id, and the receiver learns
+        # the session's layouts (`wire.decode`'s known path).
+        self.transport.session = _SESSION
         self.config["endpoint"] = self.transport.endpoint  # type: ignore[attr-defined]
 
     def payload(self, tensor: torch.Tensor) -> Any:
@@ -148,7 +182,8 @@ _Link = _RawZmqLink | _TransportLink
 
 
 def _open_link(config: dict[str, Any], *, bind: bool) -> _Link:
-    return _RawZmqLink(config, bind=bind) if config["transport"] == "raw-zmq" else _TransportLink(config, bind=bind)
+    raw = {"raw-zmq": _RawZmqLink, "raw-torch": _RawTorchLink}.get(config["transport"])
+    return raw(config, bind=bind) if raw is not None else _TransportLink(config, bind=bind)
 
 
 # -- the peer: a sink or an echo, driven over a control pipe ------------------------
@@ -271,7 +306,7 @@ class _Session:
         else:
             base = f"inproc://splitrl-bench-{uuid.uuid4().hex}"
         config: dict[str, Any] = {"transport": self.transport}
-        if self.transport == "raw-zmq":
+        if self.transport.startswith("raw-"):
             config["to_binder"] = base
             config["to_peer"] = base if self.endpoint_kind == "tcp" else base + "-r"
         else:

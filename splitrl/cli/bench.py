@@ -33,8 +33,8 @@ def bench() -> None:
 @click.option("--quick", is_flag=True, help="tiny durations (smoke test)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
 @click.option("--sizes", default="16,4096,16384,1048576", show_default=True, help="message sizes in bytes, comma-separated")
-@click.option("--transports", default=",".join(("raw-zmq", "zmq", "tcp", "torch-rpc")), show_default=True,
-              help="comma-separated (raw-zmq is the baseline the ratios need)")
+@click.option("--transports", default=",".join(("raw-zmq", "raw-torch", "zmq", "tcp", "torch-rpc")), show_default=True,
+              help="comma-separated (raw-zmq is the baseline the ratios need; raw-torch the floor with tensors)")
 @click.option("--endpoints", default="tcp,ipc,inproc", show_default=True, help="comma-separated")
 def bench_transport(seconds: float, quick: bool, json_path: str | None, sizes: str, transports: str,
                     endpoints: str) -> None:

@@ -210,7 +210,7 @@ class Transport(ABC):
         """The message, None for a stranger's (dropped and counted), or `ProtocolError` for a malformed one
         of the session's (or of anyone's before there is a session)."""
         try:
-            msg = decode(frames, self.limits)
+            msg = decode(frames, self.limits, learn_for=self.session)  # learns the session's layouts
         except ProtocolError as exc:
             nbytes = sum(frame_nbytes(f) for f in frames)
             if self.session is not None and session_of(frames, self.limits) != self.session:

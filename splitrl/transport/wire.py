@@ -91,8 +91,10 @@ class WireLimits:
     """Message kinds the application accepts (None: any well-formed kind name)."""
 
     def __post_init__(self) -> None:
-        # Layouts of messages that passed the whole check under these limits (`_decode_known`); not a field.
+        # Layouts of messages that passed the whole check under these limits (`_learn`), and how many each kind
+        # learnt; not fields.
         object.__setattr__(self, "_known", {})
+        object.__setattr__(self, "_learnt", {})
         for name in ("max_header_bytes", "max_tensors", "max_ndim", "max_tensor_bytes", "max_message_bytes",
                      "max_depth"):
             value = getattr(self, name)
@@ -344,21 +346,25 @@ def _reject_ext(code: int, data: bytes) -> Any:
     raise ProtocolError(f"header frame: expected no msgpack extension types, got ext type {code}")
 
 
-def decode(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> Message:
+def decode(frames: Sequence[Any], limits: WireLimits = WireLimits(), *, learn_for: int | None = None) -> Message:
     """Decode and validate one message. Raises `ProtocolError` for anything malformed.
 
     Tensors share memory with the frames (no copy) where the frame is suitably
     aligned, so the frames' owners must not reuse their buffers.
 
     A message laid out as this encoder writes it, whose kind, tensor specs and session id are those of one
-    checked before (`_known`), skips the checks those passed and msgpack for all but its header; anything
-    else, and anything that path is not sure of, takes the whole check (`_decode_checked`).
+    that took the whole check before (`_decode_checked`) and was learnt, skips the checks those passed and
+    msgpack for all but its header; anything else, and anything that path is not sure of, takes the whole
+    check. ``learn_for``: learn the layout of a message of this session that took the whole check (a
+    transport asks for its session peer's: a stranger's cannot push them out or grow the cache).
     """
-    msg = _decode_known(frames, limits) if limits._known and len(frames) else None
-    if msg is not None:
-        return msg
+    if limits._known and type(frames) in (list, tuple) and frames:
+        msg = _decode_known(frames, limits)
+        if msg is not None:
+            return msg
     msg = _decode_checked(frames, limits)
-    _learn(frames[0], msg, limits)
+    if learn_for is not None and msg.sid == learn_for:
+        _learn(frames[0], msg, limits)
     return msg
 
 
@@ -449,8 +455,17 @@ def _message(kind: str, header: dict[str, Any], tensors: dict[str, torch.Tensor]
 
 
 _KNOWN_PER_KIND = 8
-"""Most layouts (specs and session id) `_known` keeps per kind: a stream of ever new shapes (compressed
-frames') replaces its own, the oldest first."""
+"""Most layouts (specs and session id) `_learn` keeps per kind, the oldest learnt replaced first."""
+_KNOWN_KEYS = 256
+"""Most kinds `_learn` keeps layouts of (emptied when full)."""
+_LEARN_PER_KIND = 32
+"""Layouts a kind may learn: one that changes more often (compressed frames' lengths) takes the whole check
+without paying for learning each message too."""
+_LEARN_PREFIX_MAX = 1024
+"""Longest prefix `_learn` keeps: bounds the memory (at most 256 x 8 x 1 KiB) whatever the peer sends."""
+_LEARN_DEPTH_MAX = 64
+"""Deepest ``max_depth`` the known path serves: msgpack unpacks at most 1,024 levels, and a header unpacked
+on its own sits one level shallower than inside frame 0, so a limit near that would let one more through."""
 
 
 @dataclass(frozen=True)
@@ -466,7 +481,16 @@ class _Layout:
 
 
 def _learn(header_frame: Any, msg: Message, limits: WireLimits) -> None:
-    """Keep ``msg``'s layout in ``limits._known`` when frame 0 begins as this encoder writes it."""
+    """Keep the layout of ``msg`` (decoded from a message whose frame 0 is ``header_frame``, under ``limits``)
+    so that `decode` recognises the next message like it by its leading bytes, when frame 0 begins as this
+    encoder writes it."""
+    if (len(msg.kind) > 31  # not a fixstr: `_decode_known` finds the kind's length in the 7th byte
+            or limits.max_depth > _LEARN_DEPTH_MAX or type(header_frame) not in (bytes, bytearray, memoryview)):
+        return
+    key = bytes(header_frame[: 7 + len(msg.kind)])
+    learnt = limits._learnt.get(key, 0)
+    if learnt >= _LEARN_PER_KIND:
+        return
     specs, rows = [], []
     for index, (name, tensor) in enumerate(msg.tensors.items(), start=1):
         dtype_name, shape = _DTYPE_NAMES[tensor.dtype], list(tensor.shape)
@@ -474,17 +498,19 @@ def _learn(header_frame: Any, msg: Message, limits: WireLimits) -> None:
         rows.append((name, tensor.dtype, _ITEMSIZE[dtype_name], shape, tensor.numel(),
                      tensor.numel() * _ITEMSIZE[dtype_name], tensor.dtype.is_floating_point and limits.finite))
     prefix = _prefix(msg.kind, specs, msg.sid)
-    if not bytes(header_frame[: len(prefix)]) == prefix:
-        return  # another encoder's key order or encodings: always the whole check
-    if len(msg.kind) > 31:
-        return  # not a fixstr: `_decode_known` finds its kind in the 7th byte
-    key = prefix[: 7 + len(msg.kind)]
+    if len(prefix) > _LEARN_PREFIX_MAX or bytes(header_frame[: len(prefix)]) != prefix:
+        return  # too long to keep; or another encoder's key order or encodings: always the whole check
     known = limits._known
     layouts = known.get(key, ())
     if any(layout.prefix == prefix for layout in layouts):
         return
-    if len(known) >= _CACHE_MAX:
+    if len(known) >= _KNOWN_KEYS:
         known.clear()
+        limits._learnt.clear()
+    limits._learnt[key] = learnt + 1
+    if learnt + 1 >= _LEARN_PER_KIND:
+        known[key] = ()  # it changes too often to be worth trying
+        return
     # A new tuple, not a list changed in place: another thread may be reading the old one.
     known[key] = (_Layout(prefix, msg.kind, tuple(rows), msg.sid, sum(row[5] for row in rows)),
                   *layouts[: _KNOWN_PER_KIND - 1])
@@ -503,8 +529,12 @@ def _decode_known(frames: Sequence[Any], limits: WireLimits) -> Message | None:
     kind = type(raw)
     if kind is bytes:
         head = raw
-    elif kind is memoryview or kind is bytearray:
-        if (raw.nbytes if kind is memoryview else len(raw)) > limits.max_header_bytes:
+    elif kind is bytearray:
+        if len(raw) > limits.max_header_bytes:
+            return None
+        head = bytes(raw)
+    elif kind is memoryview:  # of bytes, as msgpack reads it (the whole check refuses wider items)
+        if raw.nbytes > limits.max_header_bytes or raw.itemsize != 1 or not raw.c_contiguous:
             return None
         head = bytes(raw)
     else:
@@ -550,7 +580,7 @@ def _decode_known(frames: Sequence[Any], limits: WireLimits) -> Message | None:
         frame = frames[index]
         kind = type(frame)
         if kind is memoryview:
-            if frame.nbytes != nbytes or frame.readonly:
+            if frame.nbytes != nbytes or frame.readonly or frame.itemsize != 1 or not frame.c_contiguous:
                 return None
         elif kind is not bytearray or len(frame) != nbytes:
             return None

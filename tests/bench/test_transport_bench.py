@@ -16,6 +16,7 @@ def test_quick_run_has_every_combination_with_positive_numbers() -> None:
     combos = {(r["transport"], r["endpoint"]) for r in rows}
     assert combos == {
         ("raw-zmq", "tcp"), ("raw-zmq", "ipc"), ("raw-zmq", "inproc"),
+        ("raw-torch", "tcp"), ("raw-torch", "ipc"), ("raw-torch", "inproc"),
         ("zmq", "tcp"), ("zmq", "ipc"), ("zmq", "inproc"),
         ("tcp", "tcp"), ("torch-rpc", "tcp"),
     }  # fmt: skip

@@ -754,9 +754,11 @@ def test_a_sparse_tensor_is_refused_with_a_message():
 
 # -- layouts checked before (`wire._decode_known`) ------------------------------------------------
 
-def _writable(frames: list) -> list[bytearray]:
-    """Frames as the transports deliver them: writable buffers (the path a known layout takes)."""
-    return [bytearray(bytes(f)) for f in frames]
+def _writable(frames: list, views: list[bool] | None = None) -> list:
+    """Frames as the transports deliver them: writable buffers (the path a known layout takes); a memoryview
+    over one where ``views`` says so (ZeroMQ's), a bytearray elsewhere (plain TCP's)."""
+    out = [bytearray(bytes(f)) for f in frames]
+    return [memoryview(f) if views and views[i % len(views)] else f for i, f in enumerate(out)]
 
 
 def _outcome(decoder, frames, limits):
@@ -775,17 +777,19 @@ def _same(a, b) -> bool:
 
 
 @FUZZ
-@given(message=valid_messages(), sid=st.one_of(st.none(), st.integers(1, 2**32 - 1)), data=st.data())
-def test_a_layout_checked_before_accepts_and_rejects_exactly_what_the_whole_check_does(message, sid, data):
+@given(message=valid_messages(), sid=st.integers(1, 2**32 - 1), views=st.lists(st.booleans(), min_size=1, max_size=5),
+       data=st.data())
+def test_a_layout_checked_before_accepts_and_rejects_exactly_what_the_whole_check_does(message, sid, views, data):
     kind, seq, header, tensors = message
     tensors = {**tensors, "f": sample(DTYPES[data.draw(st.sampled_from(["float32", "float16", "bfloat16"]))], (3,))}
     limits = WireLimits()
-    decode(_writable(encode(kind, 0, None, tensors, sid)), limits)  # the whole check, which learns the layout
-    frames = _writable(encode(kind, seq, header, tensors, sid))
+    decode(_writable(encode(kind, 0, None, tensors, sid)), limits, learn_for=sid)  # the whole check, which learns
+    frames = _writable(encode(kind, seq, header, tensors, sid), views)
     assert wire._decode_known(frames, limits) is not None  # another sequence number and header: the known path
+    frames = [bytearray(f) if type(f) is memoryview else f for f in frames]  # mutable, then viewed again
     tail = 4 + len(msgpack.packb(seq)) + len(msgpack.packb(header))  # "s" and "h", after the layout's prefix
     mutation = data.draw(st.sampled_from(["none", "flip", "flip tail", "truncate", "extend", "drop", "add",
-                                          "non-finite", "read-only"]))
+                                          "non-finite", "read-only", "wide items"]))
     i = data.draw(st.integers(0, len(frames) - 1))
     if mutation == "flip" and frames[i]:
         frames[i][data.draw(st.integers(0, len(frames[i]) - 1))] ^= data.draw(st.integers(1, 255))
@@ -803,8 +807,11 @@ def test_a_layout_checked_before_accepts_and_rejects_exactly_what_the_whole_chec
         bad = torch.tensor([float(data.draw(st.sampled_from(["nan", "inf", "-inf"])))]).to(tensors["f"].dtype)
         at = data.draw(st.integers(0, 2)) * bad.element_size()
         frames[-1][at : at + bad.element_size()] = bytes(bad.view(torch.uint8).numpy())
-    elif mutation == "read-only":
+    frames = [memoryview(f) if views[j % len(views)] else f for j, f in enumerate(frames)]
+    if mutation == "read-only":
         frames[i] = bytes(frames[i])
+    elif mutation == "wide items" and frames[i] and len(frames[i]) % 2 == 0:
+        frames[i] = memoryview(bytearray(frames[i])).cast("H")
     assert _same(_outcome(decode, frames, limits), _outcome(wire._decode_checked, frames, limits))
 
 
@@ -816,13 +823,17 @@ def _frame0(seq_bytes: bytes, header_bytes: bytes, sid: int = 5) -> bytearray:
 
 @pytest.mark.parametrize("case", [
     "s above 2**63 - 1", "s negative", "s a float", "h with a bin key", "h 17 levels deep", "h with an ext type",
-    "h not a map", "bytes after h", "a frame too many", "a frame short", "a NaN", "over max_message_bytes",
-    "over max_header_bytes",
+    "h not a map", "bytes after h", "a frame too many", "a frame short", "a frame short as a view", "a NaN",
+    "over max_message_bytes", "over max_header_bytes", "over max_header_bytes as a view", "frame 0 of 2-byte items",
+    "not a list of frames",
 ])
 def test_what_a_known_layout_still_checks(case):
-    limits = WireLimits(max_message_bytes=60, max_header_bytes=70)  # the first message: 38 + 8 bytes
+    # The first message: frame 0 of 38 bytes, 46 in all. Each case breaks one thing, within every other limit.
+    limits = {"over max_message_bytes": WireLimits(max_message_bytes=60),
+              "over max_header_bytes": WireLimits(max_header_bytes=45),
+              "over max_header_bytes as a view": WireLimits(max_header_bytes=45)}.get(case, WireLimits())
     x = sample(torch.bfloat16, (4,))
-    decode(_writable(encode("step", 0, None, {"x": x}, sid=5)), limits)
+    decode(_writable(encode("step", 0, None, {"x": x}, sid=5)), limits, learn_for=5)
     ok_frames = [_frame0(b"\x07", b"\x80"), bytearray(bytes(encode("x", 0, None, {"x": x})[1]))]
     assert wire._decode_known(ok_frames, limits) is not None
     deep = {"a": 1}
@@ -839,9 +850,13 @@ def test_what_a_known_layout_still_checks(case):
         "bytes after h": [_frame0(b"\x07", b"\x80\x80"), ok_frames[1]],
         "a frame too many": ok_frames + [bytearray(b"\x00\x00")],
         "a frame short": [ok_frames[0], ok_frames[1][:6]],
+        "a frame short as a view": [memoryview(ok_frames[0]), memoryview(ok_frames[1][:6])],
         "a NaN": [ok_frames[0], bytearray(ok_frames[1][:6] + b"\xc0\x7f")],
         "over max_message_bytes": [_frame0(b"\x07", msgpack.packb({"p": "a" * 12})), ok_frames[1]],
-        "over max_header_bytes": [_frame0(b"\x07", msgpack.packb({"p": "a" * 30})), ok_frames[1]],
+        "over max_header_bytes": [bytes(_frame0(b"\x07", msgpack.packb({"p": "a" * 12}))), ok_frames[1]],
+        "over max_header_bytes as a view": [memoryview(_frame0(b"\x07", msgpack.packb({"p": "a" * 12}))), ok_frames[1]],
+        "frame 0 of 2-byte items": [memoryview(_frame0(b"\x07", msgpack.packb({"ab": 1}))).cast("H"), ok_frames[1]],
+        "not a list of frames": {0: ok_frames[0], 1: ok_frames[1]},
     }[case]
     with pytest.raises(ProtocolError) as checked:
         wire._decode_checked(frames, limits)
@@ -853,9 +868,9 @@ def test_what_a_known_layout_still_checks(case):
 def test_a_known_layout_skips_the_whole_check_and_its_limits_stay_its_own(monkeypatch):
     tensors = {"features": sample(torch.bfloat16, (4, 8)), "index": sample(torch.int64, (4,))}
     lax, strict = WireLimits(), WireLimits(kinds={"other"})
-    decode(_writable(encode("step", 0, {"t": 0}, tensors, sid=5)), lax)
+    decode(_writable(encode("step", 0, {"t": 0}, tensors, sid=5)), lax, learn_for=5)
     monkeypatch.setattr(wire, "_decode_checked", lambda frames, limits: pytest.fail("took the whole check"))
-    msg = decode(_writable(encode("step", 1, {"t": 1, "g": 2}, tensors, sid=5)), lax)
+    msg = decode(_writable(encode("step", 1, {"t": 1, "g": 2}, tensors, sid=5), [False, True, True]), lax)
     assert msg.seq == 1 and msg.header == {"t": 1, "g": 2} and msg.sid == 5
     assert all(bitwise_equal(msg.tensors[name], tensors[name]) for name in tensors)
     monkeypatch.undo()
@@ -864,6 +879,27 @@ def test_a_known_layout_skips_the_whole_check_and_its_limits_stay_its_own(monkey
     other_session = _writable(encode("step", 3, {"t": 3}, tensors, sid=6))
     assert wire._decode_known(other_session, lax) is None  # another session id is another layout
     assert decode(other_session, lax).sid == 6
+
+
+def test_only_the_session_s_layouts_are_learnt_and_a_changing_one_not_for_long():
+    limits = WireLimits()
+    tensors = {"x": sample(torch.float32, (3,))}
+    decode(_writable(encode("step", 0, None, tensors, sid=6)), limits, learn_for=5)  # a stranger's
+    decode(_writable(encode("step", 0, None, tensors)), limits, learn_for=5)  # no session id
+    decode(_writable(encode("step", 0, None, tensors, sid=5)), limits)  # not asked to learn
+    assert not limits._known
+    key = bytes(wire._prefix("step", [], 5)[:11])
+    for n in range(1, 40):  # a compressed frame's length changes every message
+        decode(_writable(encode("step", n, None, {"z": sample(torch.uint8, (n,))}, sid=5)), limits, learn_for=5)
+        assert len(limits._known[key]) == (min(n, 8) if n < 32 else 0)
+    assert limits._learnt[key] == 32
+
+
+def test_a_header_frame_that_zmq_hands_over_decodes_as_before():
+    zmq = pytest.importorskip("zmq")
+    frames = encode("step", 3, {"a": 1}, {"x": sample(torch.bfloat16, (4,))}, sid=5)
+    msg = decode([zmq.Frame(bytes(frames[0])), bytearray(bytes(frames[1]))], WireLimits(), learn_for=5)
+    assert msg.seq == 3 and msg.header == {"a": 1}
 
 
 def test_the_encoder_s_cached_prefix_is_what_msgpack_packs():
