@@ -54,8 +54,6 @@ DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-_NUMPY_DTYPES = frozenset(DTYPES) - {"bfloat16"}
-"""Wire dtypes numpy has too (`_tensor_frame`'s fast path)."""
 _ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in DTYPES.items()}
 _HEADER_KEYS = frozenset({"v", "k", "s", "h", "t"})
 _SESSION_KEY = "i"
