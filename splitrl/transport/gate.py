@@ -17,8 +17,12 @@ not reconnect; `ZmqTransport` turns that into an error saying why. Refusals are 
 (once per reason and address or key, up to 1000 of them) and counted, and the session goes on.
 
 The same thread reads the sockets' monitors (accepted and closed connections), which is
-what maps a ZAP request to its connection and tells the transport when the holder of the
-receiving socket has gone, or was replaced by a new connection (its liveness check).
+what tells the transport when the holder of the receiving socket has gone, or was replaced
+by a new connection (its liveness check). A ZAP request does not say which connection asks
+(its address is the peer's IP, no port), so an admission cannot name the holder's socket
+when several connections await an answer (two edges reaching for one place together): the
+holder is then "one of these", and the place is vacated when the last of them has closed.
+The others are refused or dropped at libzmq's handshake timeout, so that is soon.
 """
 
 from __future__ import annotations
@@ -51,15 +55,40 @@ cannot grow memory or the log)."""
 
 @dataclass
 class _Slot:
-    """One bound socket: its connections as the monitor reports them, and which one holds it."""
+    """One bound socket: its connections as the monitor reports them, and which ones may hold it."""
 
     what: str
-    monitor: zmq.Socket
-    undecided: list[int] = field(default_factory=list)  # accepted, no ZAP answer yet
-    holder: int | None = None
+    monitor: zmq.Socket | None = None
+    undecided: set[int] = field(default_factory=set)  # accepted, not yet admitted (some refused, closing)
+    holders: set[int] = field(default_factory=set)  # the admitted connection is one of these (see the module doc)
     generation: int = 0  # one more for every new holder
     held_once: bool = False
     vacated_at: float | None = None
+
+    @property
+    def held(self) -> bool:
+        return bool(self.holders)
+
+    def accepted(self, fd: int) -> None:
+        self.undecided.add(fd)
+
+    def closed(self, fd: int, now: float) -> None:
+        self.undecided.discard(fd)
+        if fd in self.holders:
+            self.holders.discard(fd)
+            if not self.holders:
+                self.vacated_at = now
+
+    def admit(self) -> bool:
+        """A ZAP request to answer 200 (True) or busy (False): the asking connection is one of the undecided."""
+        if self.holders:
+            return False
+        # Its accept is seen before its request (`Gate._run` drains the monitors first); -1 if not, as a holder
+        # that never closes.
+        self.holders, self.undecided = self.undecided or {-1}, set()
+        self.held_once, self.vacated_at = True, None
+        self.generation += 1
+        return True
 
 
 class Gate:
@@ -93,19 +122,19 @@ class Gate:
         """Which admitted connection holds the socket (a number that changes with every new holder), or None."""
         with self._lock:
             slot = self._slots[domain.encode()]
-            return slot.generation if slot.holder is not None else None
+            return slot.generation if slot.held else None
 
     def vacated_since(self, domain: str) -> float | None:
         """When the socket's admitted connection closed and none replaced it (None: held, or never held)."""
         with self._lock:
             slot = self._slots[domain.encode()]
-            return slot.vacated_at if slot.held_once and slot.holder is None else None
+            return slot.vacated_at if slot.held_once and not slot.held else None
 
     def forget(self) -> None:
         """Every socket counts as never held until its next admitted connection (a new session waits)."""
         with self._lock:
             for slot in self._slots.values():
-                if slot.holder is None:
+                if not slot.held:
                     slot.held_once, slot.vacated_at = False, None
 
     def stop(self) -> None:
@@ -147,16 +176,11 @@ class Gate:
                     event = recv_monitor_message(slot.monitor, zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                fd = event["value"]
                 with self._lock:
                     if event["event"] == zmq.EVENT_ACCEPTED:
-                        slot.undecided.append(fd)
+                        slot.accepted(event["value"])
                     elif event["event"] == zmq.EVENT_DISCONNECTED:
-                        if fd in slot.undecided:
-                            slot.undecided.remove(fd)
-                        if fd == slot.holder:
-                            slot.holder = None
-                            slot.vacated_at = time.monotonic()
+                        slot.closed(event["value"], time.monotonic())
 
     def _answer(self, request: list[bytes]) -> None:
         if len(request) < 6:  # libzmq always sends 6+; answer anyway, a REP socket must
@@ -172,33 +196,24 @@ class Gate:
         if self.keys is not None:
             key = z85.encode(credentials[0]) if mechanism == b"CURVE" and len(credentials) == 1 else b""
             if key not in self._authorized:
-                self._refuse(request_id, slot, UNKNOWN_KEY, key.decode("ascii", "replace") or mechanism.decode(
+                self._refuse(request_id, UNKNOWN_KEY, key.decode("ascii", "replace") or mechanism.decode(
                     "ascii", "replace"), f"refused a peer whose CURVE key {key.decode('ascii', 'replace')} is not in "
                     f"{self.keys.source}/{AUTHORIZED} (from {peer}; the session goes on)")
                 return
         with self._lock:
-            # The request's connection: the newest one accepted and not yet answered. A connection sends its
-            # greeting as soon as it is accepted, so an older one still undecided is one that never greets
-            # (libzmq drops it at the handshake timeout), not the one asking.
-            fd = slot.undecided.pop() if slot.undecided else -1
-            busy = slot.holder is not None
-            if not busy:
-                slot.holder, slot.held_once, slot.vacated_at = fd, True, None
-                slot.generation += 1
+            busy = not slot.admit()
         if busy:
-            self._refuse(request_id, slot, BUSY, peer, f"refused a connection from {peer} to {slot.what}: it is "
+            self._refuse(request_id, BUSY, peer, f"refused a connection from {peer} to {slot.what}: it is "
                          "taken by the session's peer (one at a time; the session goes on)")
             return
         self._reply(request_id, 200, b"OK")
 
-    def _refuse(self, request_id: bytes, slot: _Slot, code: int, who: str, line: str) -> None:
+    def _refuse(self, request_id: bytes, code: int, who: str, line: str) -> None:
         with self._lock:
             self.refused[code] += 1
             first = (code, who) not in self._logged and len(self._logged) < _LOGGED_MAX
             if first:
                 self._logged.add((code, who))
-            if code == UNKNOWN_KEY and slot.undecided:
-                slot.undecided.pop()  # the asking connection (see `_answer`); a busy one was popped there
         if first:
             log.warning("%s", line)
         self._reply(request_id, code, b"not authorised" if code == UNKNOWN_KEY else b"taken")

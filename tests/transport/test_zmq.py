@@ -33,7 +33,7 @@ from splitrl.transport import (
 )
 from splitrl.transport.base import INVALID_KIND
 from splitrl.transport.handshake import HandshakeError, answer_hello, handshake, settings_hash
-from splitrl.transport.gate import BUSY
+from splitrl.transport.gate import BUSY, _Slot
 from splitrl.transport.wire import frame_nbytes
 
 T = 5.0
@@ -278,6 +278,46 @@ def test_a_second_peer_is_refused_and_told_while_the_session_goes_on(make, raw_p
         time.sleep(0.05)
     assert binder.gate.refused[BUSY] >= 2
     assert binder.meter.entry(INVALID_KIND, "recv").messages == 0
+
+
+def test_two_peers_reaching_for_one_place_together_leave_it_held_by_the_one_admitted(make, raw_push):
+    """Both accepted before either is answered: the gate cannot tell which one a ZAP request is from, and the
+    refused one's close must not count as the admitted one's (a fleet's edges racing for a place, where stage1
+    once declared edge 0 gone while it trained on)."""
+    binder = make("tcp://127.0.0.1:0", bind=True, name="stage0", heartbeat=5)
+    sockets = [raw_push(binder.endpoint) for _ in range(2)]
+    deadline = time.monotonic() + T
+    while binder.gate.refused[BUSY] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert binder.gate.refused[BUSY] == 1
+    time.sleep(0.3)  # the refused connection closes; the gate's thread reads that within its 0.1 s poll
+    assert binder.gate.holder("recv") is not None and binder.gate.vacated_since("recv") is None
+    for sock in sockets:
+        sock.close(linger=0)
+    while binder.gate.vacated_since("recv") is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert binder.gate.holder("recv") is None and binder.gate.vacated_since("recv") is not None
+
+
+def test_the_gate_holds_a_place_until_every_connection_that_may_hold_it_has_closed():
+    """The bookkeeping alone, in the order that fooled the newest-accepted guess: accepted 3, accepted 4, the
+    request from 3 admitted, 4's refused; 4 closes (still held), 3 closes (vacated); a later peer is admitted."""
+    slot = _Slot("test")
+    slot.accepted(3)
+    slot.accepted(4)
+    assert slot.admit() and slot.generation == 1
+    assert not slot.admit()  # 4's request: busy
+    slot.closed(4, now=1.0)
+    assert slot.held and slot.vacated_at is None
+    slot.accepted(5)  # a stranger after the admission is not a holder
+    slot.closed(5, now=1.5)
+    assert slot.held
+    slot.closed(3, now=2.0)
+    assert not slot.held and slot.vacated_at == 2.0
+    slot.accepted(6)
+    assert slot.admit() and slot.generation == 2 and slot.vacated_at is None
+    slot.closed(6, now=3.0)
+    assert slot.vacated_at == 3.0
 
 
 def test_limits_apply_on_receive(make):
