@@ -6,11 +6,12 @@ its messages can reach the socket. The `Gate` is that handler for one binding tr
 with one ZAP domain per socket. It answers:
 
 - 400 when CURVE is on and the client's public key is not among the authorised ones;
-- 500 when the socket already holds an admitted connection that is still open (PUSH
+- 500 when the socket is held by an admitted connection (PUSH
   would round-robin our messages to a second stage0, PULL would mix its frames into the
   session's). ZAP's 300 ("temporary") would fit better, but libzmq 4.3 leaves such a
   connection half-open instead of closing it, so the refusal would never reach the client;
-- 200 otherwise: the connection becomes the socket's holder until it closes.
+- 200 otherwise: the connection holds the socket until it closes (see below for when
+  that is noticed).
 
 A refused client's libzmq reports ``EVENT_HANDSHAKE_FAILED_AUTH`` with the code and does
 not reconnect; `ZmqTransport` turns that into an error saying why. Refusals are logged
@@ -22,7 +23,9 @@ by a new connection (its liveness check). A ZAP request does not say which conne
 (its address is the peer's IP, no port), so an admission cannot name the holder's socket
 when several connections await an answer (two edges reaching for one place together): the
 holder is then "one of these", and the place is vacated when the last of them has closed.
-The others are refused or dropped at libzmq's handshake timeout, so that is soon.
+The others close soon: a refused peer at once, a stranger that never greets at libzmq's
+handshake timeout (`ZmqTransport` sets 2 x --heartbeat; 30 s without one). Only a holder
+that closes within that time of its admission, beside such a stranger, is noticed late.
 """
 
 from __future__ import annotations
@@ -83,9 +86,11 @@ class _Slot:
         """A ZAP request to answer 200 (True) or busy (False): the asking connection is one of the undecided."""
         if self.holders:
             return False
-        # Its accept is seen before its request (`Gate._run` drains the monitors first); -1 if not, as a holder
-        # that never closes.
-        self.holders, self.undecided = self.undecided or {-1}, set()
+        if not self.undecided:
+            # libzmq (one I/O thread) queues a connection's accept before its request and `Gate._run` drains the
+            # monitors first: none undecided means the asker has closed already. Nothing to hold.
+            return True
+        self.holders, self.undecided = self.undecided, set()
         self.held_once, self.vacated_at = True, None
         self.generation += 1
         return True
@@ -125,7 +130,8 @@ class Gate:
             return slot.generation if slot.held else None
 
     def vacated_since(self, domain: str) -> float | None:
-        """When the socket's admitted connection closed and none replaced it (None: held, or never held)."""
+        """When the socket's admitted connection closed (with any that might have been it, see the module doc) and
+        none replaced it (None: held, or never held)."""
         with self._lock:
             slot = self._slots[domain.encode()]
             return slot.vacated_at if slot.held_once and not slot.held else None
