@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import signal
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -138,6 +139,25 @@ class StepInTwo(gym.vector.VectorWrapper):
         if isinstance(self.env, gym.vector.AsyncVectorEnv):
             return self.env.step_wait()
         return self.env.step(pending)
+
+
+def worker_cpu_seconds(stepper: StepInTwo) -> float | None:
+    """CPU seconds (user + system) the worker processes of ``stepper``'s envs have used so far: 0 when the envs
+    step in this process (their time is its own), None on a system without Linux's /proc."""
+    if not isinstance(stepper.env, gym.vector.AsyncVectorEnv):
+        return 0.0
+    total = 0.0
+    for process in stepper.env.processes:
+        try:
+            with open(f"/proc/{process.pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # after the command's name, which may hold spaces
+        except OSError:
+            return None
+        total += (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime: fields 14 and 15 of stat(5)
+    return total
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 ASYNC_FROM_ENVS = 4

@@ -10,8 +10,11 @@ run's metrics.jsonl, over the iterations between the first (start-up; in the
 asynchronous mode a rollout with no training beside it) and the last (there a
 training with no rollout beside it): seconds per iteration, steps/s, each
 stage's busy fraction (its process CPU seconds over wall seconds: 1.0 is one
-core's worth), stage0's wait on the link beyond stage1's compute, bytes per
-iteration and the asynchronous mode's staleness.
+core's worth) and the env worker processes' together, the CPU seconds an
+iteration costs in all (the stages and the workers: over the machine's cores,
+the least time any schedule of the same work can take), stage0's wait on the
+link beyond stage1's compute, bytes per iteration and the asynchronous mode's
+staleness.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ def _summary(mode: str, rtt_ms: float, run_dir: Path) -> dict[str, Any]:
     def mean(f: Callable[[dict[str, Any]], float]) -> float:
         return sum(f(r) for r in used) / len(used)
 
+    # The envs' worker processes (0 where the envs step in stage0; runs from before `cpu/envs` have no figure).
+    workers = all("cpu/envs" in r for r in used)
+
     return {
         "mode": mode,
         "rtt_ms": rtt_ms,
@@ -61,6 +67,8 @@ def _summary(mode: str, rtt_ms: float, run_dir: Path) -> dict[str, Any]:
         "steps_per_second": summary["steps_per_second"],
         "busy_stage0": mean(lambda r: r["cpu/stage0"] / r["time/iteration"]),
         "busy_stage1": mean(lambda r: r["cpu/stage1"] / r["time/iteration"]),
+        "busy_envs": mean(lambda r: r["cpu/envs"] / r["time/iteration"]) if workers else None,
+        "cpu_per_iteration": mean(lambda r: r["cpu/stage0"] + r["cpu/stage1"] + r["cpu/envs"]) if workers else None,
         "link_wait": summary["link_wait_per_iteration"],
         "bytes_per_iteration": summary["bytes_per_iteration"],
         "staleness_mean": mean(lambda r: r.get("async/staleness_mean", 0.0)),
@@ -128,13 +136,14 @@ def run_pipeline_bench(modes: Sequence[str] = tuple(MODES), rtts_ms: Sequence[fl
 
 
 def pipeline_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Markdown, one line per run; 'x sync' is steps/s over the synchronous run's at the same round trip."""
+    """Markdown, one line per run; 'x sync' is steps/s over the synchronous run's at the same round trip; 'CPU s'
+    the stages' and env workers' CPU seconds an iteration (blank for runs from before that was recorded)."""
     sync = {r["rtt_ms"]: r["steps_per_second"] for r in rows if r["mode"] == "sync"}
     zero = {r["mode"]: r["seconds_per_iteration"] for r in rows if r["rtt_ms"] == 0}
     lines = [
-        "| round trip | mode | s/iteration | steps/s | x sync | vs its 0 ms | busy stage0 | busy stage1 "
-        "| link wait s | MB/iteration | staleness mean / max | measured RTT ms |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| round trip | mode | s/iteration | steps/s | x sync | vs its 0 ms | busy stage0 | busy stage1 | busy envs "
+        "| CPU s | link wait s | MB/iteration | staleness mean / max | measured RTT ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in rows:
         ref = sync.get(r["rtt_ms"])
@@ -142,9 +151,11 @@ def pipeline_table(rows: Sequence[dict[str, Any]]) -> str:
         same = zero.get(r["mode"])
         versus = f"{r['seconds_per_iteration'] / same:.2f}x" if same and r["rtt_ms"] else ""
         rtt = "" if r["measured_rtt_ms"] is None else f"{r['measured_rtt_ms']:.2f}"
+        envs = "" if r.get("busy_envs") is None else f"{r['busy_envs']:.2f}"
+        cpu = "" if r.get("cpu_per_iteration") is None else f"{r['cpu_per_iteration']:.1f}"
         lines.append(
             f"| {r['rtt_ms']:g} ms | {r['mode']} | {r['seconds_per_iteration']:.1f} | {r['steps_per_second']:.1f} "
-            f"| {ratio} | {versus} | {r['busy_stage0']:.2f} | {r['busy_stage1']:.2f} | {r['link_wait']:.1f} "
+            f"| {ratio} | {versus} | {r['busy_stage0']:.2f} | {r['busy_stage1']:.2f} | {envs} | {cpu} | {r['link_wait']:.1f} "
             f"| {r['bytes_per_iteration'] / 1e6:.0f} | {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} | {rtt} |"
         )
     return "\n".join(lines)

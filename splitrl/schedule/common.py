@@ -171,10 +171,12 @@ class IterationLog:
         self.run_start = time.perf_counter()
         self.iter_start = self.run_start
         self.cpu_start = time.process_time()
+        self.envs_cpu_start = edge.env_cpu_seconds()
 
     def start(self) -> None:
         self.iter_start = time.perf_counter()
         self.cpu_start = time.process_time()
+        self.envs_cpu_start = self.edge.env_cpu_seconds()
 
     def end(self, iteration: int, clock: PhaseClock, stats: dict[str, Any],
             rollout: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -201,6 +203,10 @@ class IterationLog:
         record.update(edge.budget_metrics.pop(iteration, {}))
         # CPU seconds of this process in the iteration (in the twin, both stages share it).
         record["cpu/stage0"] = time.process_time() - self.cpu_start
+        envs_cpu = self.edge.env_cpu_seconds()
+        if envs_cpu is not None and self.envs_cpu_start is not None:  # 0 where the envs step in this process
+            record["cpu/envs"] = envs_cpu - self.envs_cpu_start
+        self.envs_cpu_start = envs_cpu
         heads = float(stats.get("time/heads", 0.0))
         for phase in ("env", "encoder"):
             record[f"time/{phase}"] = clock.seconds.get(phase, 0.0)

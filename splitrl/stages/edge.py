@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from ..codecs import CodecError, CodecSet, Context
-from ..envs import EnvSpec, choose_vector, make_vector_env, restore_vector_env, to_chw, vector_env_state
+from ..envs import (EnvSpec, choose_vector, make_vector_env, restore_vector_env, to_chw, vector_env_state,
+                    worker_cpu_seconds)
 from ..models import agent
 from ..ppo import anneal, minibatch_schedule
 from ..runs import EMA_DECAY, RunLog
@@ -155,6 +156,12 @@ class Edge:
             obs = env.reset(seed=s.seed + self.offset + int(envs[0]) + JOIN_SEED_STRIDE * self.joined_after)[0]
             self.next_obs.append(obs if self.saved_envs is None else restore_vector_env(env, self.saved_envs[g]))
         self.saved_envs = None
+
+    def env_cpu_seconds(self) -> float | None:
+        """CPU seconds the envs' worker processes have used so far (0: the envs step in this process; None: not
+        measurable here, or no envs open)."""
+        seconds = [worker_cpu_seconds(stepper) for stepper in self.steppers]
+        return None if not seconds or None in seconds else sum(seconds)
 
     def close(self) -> None:
         for env in self.envs:

@@ -67,6 +67,9 @@ def test_pipelined_split_matches_its_twin_bit_for_bit(tmp_path, spawn):
     assert rows[-1]["schedule/rollout_groups"] == 2 and rows[-1]["link/rtt_ms"] > 0
     # Micro-batches: 2 epochs x 2 minibatches x 2 micro-batches a training message each, an iteration.
     assert rows[-1]["net/train_fwd/sent_messages"] == rows[-1]["net/train_bwd/recv_messages"] == 2 * 2 * 2
+    # The env workers' CPU seconds, apart from stage0's (the bench's floor); none in the twin, whose envs are its own.
+    twin = [json.loads(line) for line in (tmp_path / "twin" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["cpu/envs"] > 0 for r in rows) and all(r["cpu/envs"] == 0 for r in twin)
 
 
 def _train_in_process(run_dir, settings, monkeypatch=None, mode=None):
