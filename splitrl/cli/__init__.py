@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from typing import Any
 
 import click
@@ -28,7 +29,21 @@ from .train import curve, run, stage0, stage1, train
 __all__ = ["main", "run_cli", "training_options"]
 
 
+_REPEAT_WINDOW_S = 2.0
+"""A second stop signal this soon after the first is the same stop (see `_interrupt`)."""
+_first_stop: float | None = None
+
+
 def _interrupt(signum: int, frame: Any) -> None:
+    """Stop by raising KeyboardInterrupt; a second signal within `_REPEAT_WINDOW_S` is the same stop and is
+    dropped. A terminal's Ctrl-C reaches `splitrl run` and both stages at once, and the launcher then sends each
+    stage SIGTERM: raised again, that cut the stage's cleanup short (a traceback from wherever it landed, a
+    socket's deallocation once). A later one still interrupts a cleanup that hangs."""
+    global _first_stop
+    now = time.monotonic()
+    if _first_stop is not None and now - _first_stop < _REPEAT_WINDOW_S:
+        return
+    _first_stop = now
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 

@@ -1,6 +1,7 @@
 """`splitrl run`: the one-command local launcher starts both stages and always stops both."""
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -41,4 +42,34 @@ def test_interrupting_the_launcher_stops_both_stages(tmp_path, spawn, mode, sig)
     assert code != 0
     assert "stopping both stages" in out
     assert "stage0 stopped" in out or "interrupted" in out
+    assert not _leftovers(str(run_dir))
+
+
+@pytest.mark.parametrize("mode", ["sync", "pipelined", "async"])
+def test_ctrl_c_in_a_terminal_stops_both_stages_once_and_cleanly(tmp_path, mode):
+    """A terminal's Ctrl-C reaches the launcher and both stages at once, and the launcher then sends each stage
+    SIGTERM: the stages take the two as one (no traceback from a cleanup cut short) and exit 130."""
+    from ..conftest import child_env, splitrl_cmd
+    from .test_failures import MODES
+
+    run_dir = tmp_path / "run"
+    log = tmp_path / "out.log"
+    with open(log, "wb") as out:
+        popen = subprocess.Popen(splitrl_cmd("run", "--run-dir", str(run_dir), "--total-steps", "491520",
+                                             "--num-steps", "4096", "--threads", "1", *MODES[mode]),
+                                 env=child_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "stage0 connected" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # into the rollout
+        os.killpg(popen.pid, signal.SIGINT)  # the whole foreground group, as a terminal does
+        popen.wait(timeout=60)
+    finally:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait(timeout=10)
+    text = log.read_text()
+    assert "stopping both stages" in text and "(stage1 exit 130, stage0 exit 130)" in text, text
+    assert "Traceback" not in text and "Exception ignored" not in text, text
     assert not _leftovers(str(run_dir))
