@@ -191,8 +191,8 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
                    json_path: str | None, extra: tuple[str, ...]) -> None:
     """The paper configuration under each schedule, side by side, at each round trip.
 
-    Columns: s/iteration, steps/s, each stage's busy fraction (CPU s / wall s), link wait,
-    MB per iteration, staleness. EXTRA arguments (after --) go to every run, e.g. -- --threads 1.
+    Columns: s/iteration, steps/s, each stage's and the env workers' busy fraction (CPU s / wall s), the CPU
+    seconds an iteration costs in all, link wait, MB per iteration, staleness. EXTRA arguments (after --) go to every run, e.g. -- --threads 1.
     """
     from ..bench.pipeline_bench import MODES, pipeline_rows, pipeline_table, run_pipeline_bench
 
