@@ -141,6 +141,10 @@ class StepInTwo(gym.vector.VectorWrapper):
         return self.env.step(pending)
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+"""/proc/PID/stat's unit of CPU time, per second."""
+
+
 def worker_cpu_seconds(stepper: StepInTwo) -> float | None:
     """CPU seconds (user + system) the worker processes of ``stepper``'s envs have used so far: 0 when the envs
     step in this process (their time is its own), None on a system without Linux's /proc."""
@@ -155,9 +159,6 @@ def worker_cpu_seconds(stepper: StepInTwo) -> float | None:
             return None
         total += (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime: fields 14 and 15 of stat(5)
     return total
-
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 ASYNC_FROM_ENVS = 4

@@ -206,7 +206,6 @@ class IterationLog:
         envs_cpu = self.edge.env_cpu_seconds()
         if envs_cpu is not None and self.envs_cpu_start is not None:  # 0 where the envs step in this process
             record["cpu/envs"] = envs_cpu - self.envs_cpu_start
-        self.envs_cpu_start = envs_cpu
         heads = float(stats.get("time/heads", 0.0))
         for phase in ("env", "encoder"):
             record[f"time/{phase}"] = clock.seconds.get(phase, 0.0)
