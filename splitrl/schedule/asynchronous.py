@@ -52,7 +52,7 @@ from ..stages.evaluate import Evaluation
 from ..transport import ProtocolError, Transport
 from ..transport.errors import peer_repr
 from ..transport.channels import Channels
-from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish
+from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish, torch_thread
 from .pipelined import agree_on_groups, learn_groups, stage0_rollout, stage0_train, stage1_rollout, stage1_train
 
 __all__ = ["stage0_loop", "stage1_loop", "STAGE0_ROUTES", "STAGE1_ROUTES"]
@@ -180,7 +180,7 @@ def _alongside(name: str, rollout: Callable[[], None], progress: _Progress, chan
         except BaseException as exc:
             progress.fail(exc, channels)  # wakes the training thread, whatever it waits on
 
-    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread = torch_thread(run, name)
     thread.start()
     try:
         yield

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -15,10 +16,28 @@ from ..stages.evaluate import Evaluation
 from ..transport import Message, ProtocolError, Transport
 from ..transport.errors import peer_repr
 
-__all__ = ["PhaseClock", "expect", "after_progress", "stops", "stage0_after_rollout", "iteration_stats", "IterationLog", "checkpoint_due", "stage0_finish",
+__all__ = ["torch_thread", "PhaseClock", "expect", "after_progress", "stops", "stage0_after_rollout", "iteration_stats", "IterationLog", "checkpoint_due", "stage0_finish",
            "stage1_finish", "progress_line"]
 
 log = logging.getLogger(__name__)
+
+
+def torch_thread(target: Callable[[], None], name: str) -> threading.Thread:
+    """A daemon thread for ``target`` whose torch ops run on this process's intra-op threads (``--threads``).
+
+    `torch.set_num_threads` sets OpenMP's thread count for the thread that calls it; a thread started later
+    begins with OpenMP's default (every core) and keeps it for the matrix products MKL runs until torch's own
+    parallel code first sets it there. Measured here (2 cores, torch 2.13): a 512 x 4096 by 4096 x 32 product
+    on a new thread after ``set_num_threads(1)`` gave the two-thread numbers, not the one-thread ones, so the
+    twin's stage1 thread folded an autoencoder's decoder differently from stage1's own process, and the
+    asynchronous schedules ran their rollout thread on more cores than ``--threads`` gives them."""
+    threads = torch.get_num_threads()
+
+    def run() -> None:
+        torch.set_num_threads(threads)
+        target()
+
+    return threading.Thread(target=run, name=name, daemon=True)
 
 
 class _Phase:

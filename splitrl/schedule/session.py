@@ -17,7 +17,6 @@ import json
 import logging
 import random
 import shutil
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from ..transport.errors import peer_repr
 from ..transport.handshake import HandshakeError, answer_hello, handshake
 from ..transport.local import LocalTransport
 from . import asynchronous, fleet, pipelined, sync
-from .common import after_progress
+from .common import after_progress, torch_thread
 
 SCHEDULES = {"sync": sync, "pipelined": pipelined, "async": asynchronous, "fleet": fleet}
 """``settings.schedule.mode`` -> the module whose ``stage0_loop`` / ``stage1_loop`` run it."""
@@ -457,7 +456,7 @@ def train_twin(settings: TrainSettings, options: RunOptions) -> list[dict[str, A
         except BaseException as exc:  # reported by the main thread, which stage0's abort wakes
             failure.append(exc)
 
-    thread = threading.Thread(target=stage1, name="stage1", daemon=True)
+    thread = torch_thread(stage1, "stage1")
     thread.start()
     try:
         records = serve_stage0(edge, link0, checkpoint_every=options.checkpoint_every,

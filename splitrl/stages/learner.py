@@ -44,18 +44,28 @@ log = logging.getLogger(__name__)
 
 _MASK64 = (1 << 64) - 1
 
-BATCH_INVARIANT_ROWS = 4
+BATCH_INVARIANT_ROWS, BATCH_INVARIANT_MULTIPLE = 16, 4
 """On one intra-op thread, torch's CPU matrix products give a row the same numbers in every batch of at least
-this many rows, and other numbers (last bits) in batches of 1 to 3; on two threads other sizes differ too
-(measured here; tests/schedule/test_fleet.py checks the first). Acting for a fleet as its edges come runs the
-heads on one thread with smaller batches padded to this, so that no action depends on who came with whom."""
+`BATCH_INVARIANT_ROWS` rows whose count is a multiple of `BATCH_INVARIANT_MULTIPLE`, wherever the row sits, and
+other numbers (last bits) in smaller batches; on two threads other sizes differ too. Measured per CPU (torch
+2.13): an AVX2 machine gave every batch of 4 rows or more the same numbers; an AVX-512 one (this CI machine's,
+2026-11-27) needs 16 rows for the heads' 4,096-wide first layers, and a multiple of 4 for the critic's one-output
+layer (its last ``n % 4`` rows take another kernel). tests/schedule/test_fleet.py checks the rule on the
+machine it runs on. Acting for a fleet as its edges come runs the heads on one thread with each batch padded
+to this rule, so that no action depends on who came with whom."""
+
+
+def _invariant_rows(rows: int) -> int:
+    """The batch `_batch_invariant` pads ``rows`` rows to."""
+    return max(BATCH_INVARIANT_ROWS, -(-rows // BATCH_INVARIANT_MULTIPLE) * BATCH_INVARIANT_MULTIPLE)
 
 
 def _batch_invariant(forward: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``forward(x)`` on one intra-op thread, ``x`` padded with zero rows to `BATCH_INVARIANT_ROWS`."""
+    """``forward(x)`` on one intra-op thread, ``x`` padded with zero rows to `_invariant_rows`."""
     rows, threads = len(x), torch.get_num_threads()
-    if rows < BATCH_INVARIANT_ROWS:
-        x = torch.cat([x, x.new_zeros((BATCH_INVARIANT_ROWS - rows,) + tuple(x.shape[1:]))])
+    padded = _invariant_rows(rows)
+    if padded > rows:
+        x = torch.cat([x, x.new_zeros((padded - rows,) + tuple(x.shape[1:]))])
     torch.set_num_threads(1)
     try:
         return tuple(out[:rows] for out in forward(x))
@@ -205,7 +215,7 @@ class Learner:
 
         Each group's actions are sampled in the order given, from the shared generator, unless
         ``order_free``: then from a generator seeded by (seed, iteration, g, t) alone (`step_generator`), and
-        the heads' forward gets at least `BATCH_INVARIANT_ROWS` rows, so the actions do not depend on which
+        the heads' forward gets a batch padded to `_invariant_rows`, so the actions do not depend on which
         groups came together or in what order (a fleet served as its edges arrive, ``--act-wait``)."""
         n, slot = self.settings.env.num_envs, self._slot(self.iteration)
         inputs, outcomes = [], []

@@ -12,6 +12,7 @@ from splitrl.runs import load_checkpoint, summarise_run
 from splitrl.schedule import session
 from splitrl.settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
 from splitrl.stages import Edge, Learner
+from splitrl.stages.learner import _invariant_rows
 from splitrl.transport import Message, PeerAbort
 from splitrl.transport.endpoints import slot_endpoint
 
@@ -198,15 +199,23 @@ def test_acting_as_the_edges_come_draws_the_same_actions_whoever_came_together()
         assert torch.equal(getattr(buffer, name), getattr(other, name)), name
     lock_step, _ = served([[(0, 0), (1, 0), (2, 0), (3, 0)]])
     assert torch.equal(lock_step[0, 0], together[0, 0])
-    # The fact the padding rests on, for this machine's torch: on one thread, rows in batches of 4 or more
-    # get the numbers they get in any other such batch.
+    # The fact the padding rests on, for this machine's torch: on one thread, a row padded to `_invariant_rows`
+    # gets the numbers it gets in any other such batch, wherever it sits (both outputs: the critic's one-output
+    # layer has a rule of its own on AVX-512 machines).
     heads, threads = Learner(settings, spec).heads, torch.get_num_threads()
-    x = torch.rand(64, 4096, generator=torch.Generator().manual_seed(1))
+    x = torch.rand(128, 4096, generator=torch.Generator().manual_seed(1))
+
+    def padded(rows):
+        return torch.cat([rows, rows.new_zeros(_invariant_rows(len(rows)) - len(rows), rows.shape[1])])
+
     torch.set_num_threads(1)
     try:
         with torch.no_grad():
-            whole = heads.outputs(x)[0]
-            assert all(torch.equal(heads.outputs(x[i:i + n])[0], whole[i:i + n]) for n in (4, 5, 17) for i in (0, 9))
+            whole = heads.outputs(x)
+            for n in (1, 3, 5, 16, 17, 33):
+                for i in (0, 9, 50):
+                    got = heads.outputs(padded(x[i:i + n]))
+                    assert all(torch.equal(g[:n], w[i:i + n]) for g, w in zip(got, whole)), (n, i)
     finally:
         torch.set_num_threads(threads)
 
