@@ -23,14 +23,16 @@ log = logging.getLogger(__name__)
 
 
 def torch_thread(target: Callable[[], None], name: str) -> threading.Thread:
-    """A daemon thread for ``target`` whose torch ops run on this process's intra-op threads (``--threads``).
+    """A daemon thread for ``target`` whose torch ops run on as many intra-op threads as the calling thread's
+    (``--threads``, set by `prepare`).
 
     `torch.set_num_threads` sets OpenMP's thread count for the thread that calls it; a thread started later
-    begins with OpenMP's default (every core) and keeps it for the matrix products MKL runs until torch's own
-    parallel code first sets it there. Measured here (2 cores, torch 2.13): a 512 x 4096 by 4096 x 32 product
-    on a new thread after ``set_num_threads(1)`` gave the two-thread numbers, not the one-thread ones, so the
-    twin's stage1 thread folded an autoencoder's decoder differently from stage1's own process, and the
-    asynchronous schedules ran their rollout thread on more cores than ``--threads`` gives them."""
+    begins with OpenMP's default (``OMP_NUM_THREADS``, else every core) and keeps it for the matrix products
+    MKL runs until torch's own parallel code first sets it there. Measured here (2 cores, torch 2.13): a
+    512 x 4096 by 4096 x 32 product on a new thread after ``set_num_threads(1)`` gave the two-thread numbers,
+    not the one-thread ones, so the twin's stage1 thread folded an autoencoder's decoder differently from
+    stage1's own process, and an asynchronous schedule's rollout thread ran its products on every core. Each
+    such thread has its threads of its own: while both compute, the process uses up to twice ``--threads``."""
     threads = torch.get_num_threads()
 
     def run() -> None:

@@ -170,13 +170,13 @@ def test_the_fleets_stage1_acts_for_all_edges_with_one_forward_as_it_would_group
 
 def test_acting_as_the_edges_come_draws_the_same_actions_whoever_came_together():
     """``--act-wait``: each group's actions come from a generator of its own step and the forward is padded to
-    a batch size whose rows do not depend on the batch, so serving the four groups together, or in any other
-    grouping and order, fills the same buffer bit for bit."""
-    settings = TrainSettings(env=EnvSettings(num_envs=4), ppo=PPOSettings(num_steps=2, epochs=1, minibatches=1))
+    a batch size whose rows do not depend on the batch, so serving the four groups (two envs each) together, or
+    in any other grouping and order (batches of 2, 4, 6 and 8 rows), fills the same buffer bit for bit."""
+    settings = TrainSettings(env=EnvSettings(num_envs=8), ppo=PPOSettings(num_steps=2, epochs=1, minibatches=1))
     spec = inspect_env(settings.env)
-    features = torch.rand(2, 4, 1, 4096, generator=torch.Generator().manual_seed(0))
-    outcome = {"reward": torch.ones(1), "terminated": torch.zeros(1, dtype=torch.bool),
-               "truncated": torch.zeros(1, dtype=torch.bool)}
+    features = torch.rand(2, 4, 2, 4096, generator=torch.Generator().manual_seed(0))
+    outcome = {"reward": torch.ones(2), "terminated": torch.zeros(2, dtype=torch.bool),
+               "truncated": torch.zeros(2, dtype=torch.bool)}
 
     def step(g, t):
         return g, t, Message("step", {}, {"features": features[t, g], **(outcome if t else {})})
