@@ -23,7 +23,6 @@ import math
 import queue
 import random
 import resource
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -31,6 +30,7 @@ from typing import Any, Callable
 import msgpack
 
 from ..schedule import session
+from ..schedule.common import torch_thread
 from ..settings import EnvSettings, PPOSettings, RunOptions, TrainSettings
 from ..stages import LIMITS, STAGE0, STAGE1
 from ..transport import ProtocolError, decode
@@ -293,7 +293,7 @@ def fuzz_stage1(captured: dict[str, list[Frames]], cases: int, seed: int = 0, se
             except BaseException as exc:  # examined below
                 outcome.append(exc)
 
-        thread = threading.Thread(target=serve, daemon=True)
+        thread = torch_thread(serve, "fuzzed stage1")
         thread.start()
         how, live = "", None
         for i, frames in enumerate(sent):
