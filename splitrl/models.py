@@ -101,10 +101,23 @@ class ActorCriticHeads(nn.Module):
 
         The action is the pre-tanh u (B, A) for Box actions, the index (B,) for discrete ones. ``parts``
         (size, generator): the rows come in parts (groups acted for together), each sampled with its own
-        generator as it would be alone."""
+        generator and scored as it would be alone. Scored alone, not only sampled: torch's elementwise CPU
+        loops run a tensor's SIMD body and its scalar tail with functions whose last bits differ on some CPUs
+        (``softplus`` and ``log1p`` on an AVX2 EPYC), so a row's log-prob inside a larger batch can differ
+        from the one it gets in a batch of its own."""
+        if parts is not None:
+            if sum(size for size, _ in parts) != mean.shape[0]:
+                raise ValueError(f"parts of {[size for size, _ in parts]} rows for a batch of {mean.shape[0]}")
+            pieces, start = [], 0
+            for size, part_generator in parts:
+                rows = slice(start, start + size)
+                pieces.append(self.evaluate(mean[rows], value[rows],
+                                            None if action is None else action[rows], part_generator))
+                start += size
+            return tuple(torch.cat(column) for column in zip(*pieces))  # type: ignore[return-value]
         dist = self.distribution(mean)
         if action is None:
-            action = dist.sample(generator) if parts is None else dist.sample_parts(parts)
+            action = dist.sample(generator)
         return action, dist.log_prob(action), dist.entropy(), value
 
     def get_action_and_value(
