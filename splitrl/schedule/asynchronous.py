@@ -172,7 +172,10 @@ class _Progress:
 @contextlib.contextmanager
 def _alongside(name: str, rollout: Callable[[], None], progress: _Progress, channels: Channels) -> Iterator[None]:
     """Run ``rollout`` on a thread while the body (the training) runs. Whichever fails first stops the
-    other (`_Progress.fail`); on the way out the thread is joined and the first failure raised."""
+    other (`_Progress.fail`); on the way out the thread is joined and the first failure raised, except that a
+    KeyboardInterrupt in the body is how the stage ends whatever came first: a terminal's Ctrl-C reaches both
+    stages, and the peer's abort can reach the rollout thread while this thread sits in a torch call (a signal's
+    handler runs only between bytecodes)."""
 
     def run() -> None:
         try:
@@ -182,15 +185,17 @@ def _alongside(name: str, rollout: Callable[[], None], progress: _Progress, chan
 
     thread = torch_thread(run, name)
     thread.start()
+    interrupted = False
     try:
         yield
     except BaseException as exc:  # Ctrl-C or a failure: the rollout thread stops too
+        interrupted = isinstance(exc, KeyboardInterrupt)
         progress.fail(exc, channels)
         raise
     finally:
         thread.join(timeout=10 + channels.link.timeout)
         channels.close()
-        if progress.error is not None:
+        if progress.error is not None and not interrupted:
             raise progress.error
         if thread.is_alive():
             raise RuntimeError(f"the {name} thread did not stop")
