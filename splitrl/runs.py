@@ -36,6 +36,7 @@ __all__ = [
     "default_run_dir",
     "read_metrics",
     "read_episodes",
+    "newest_evals",
     "run_settings",
     "link_bytes",
     "link_messages",
@@ -247,6 +248,18 @@ def read_episodes(run_dir: str | Path) -> list[dict[str, Any]]:
     """Finished episodes; none before the first one ends (episodes.jsonl is written then)."""
     path = Path(run_dir) / "episodes.jsonl"
     return _read_jsonl(path) if path.exists() else []
+
+
+def newest_evals(run_dir: str | Path, iteration: int | None = None) -> dict[bool, dict[str, Any]]:
+    """The newest line of the run's eval.jsonl (`splitrl eval`) of each mode, keyed by ``deterministic``: a
+    deterministic and a sampled score are not the same measure and one never stands in for the other. Only the
+    lines of ``iteration``'s checkpoints if given."""
+    path = Path(run_dir) / "eval.jsonl"
+    newest: dict[bool, dict[str, Any]] = {}
+    for record in _read_jsonl(path) if path.exists() else []:
+        if iteration is None or record.get("iteration") == iteration:
+            newest[bool(record.get("deterministic"))] = record
+    return newest
 
 
 def run_config(run_dir: str | Path) -> dict[str, Any]:

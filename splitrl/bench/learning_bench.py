@@ -8,14 +8,13 @@ each row is `splitrl.runs.summarise_run` of one run directory.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..launch import progress
-from ..runs import link_bytes, run_history, summarise_run
+from ..runs import link_bytes, newest_evals, run_history, summarise_run
 
 __all__ = ["CONFIGS", "run_learning_comparison", "learning_table"]
 
@@ -133,13 +132,7 @@ def kind_table(run_dirs: Sequence[Path], upto: int | None = None) -> str:
 def held_out(run_dir: Path, iteration: int) -> str:
     """The newest `splitrl eval` of ``iteration``'s checkpoints (RUN_DIR/eval.jsonl), deterministic and sampled:
     "mean ± std (n)" each, "-" for a mode not evaluated."""
-    newest: dict[bool, dict[str, Any]] = {}
-    path = Path(run_dir) / "eval.jsonl"
-    if path.exists():
-        for line in path.read_text().splitlines():
-            record = json.loads(line) if line.strip() else {}
-            if record.get("iteration") == iteration:
-                newest[bool(record.get("deterministic"))] = record
+    newest = newest_evals(run_dir, iteration)
     cells = [f"{r['return_mean']:.1f} ± {r['return_std']:.1f} ({r['episodes']})" if (r := newest.get(mode)) else "-"
              for mode in (True, False)]
     return " / ".join(cells)

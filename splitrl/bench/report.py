@@ -13,13 +13,12 @@ the import of each happens only when it is needed, with a clear error if missing
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import SettingsError
-from ..runs import link_bytes, metric_scalars, run_history, run_settings, summarise_run, summary_writer
+from ..runs import link_bytes, metric_scalars, newest_evals, run_history, run_settings, summarise_run, summary_writer
 
 __all__ = ["RunSeries", "load_run", "pyplot", "return_figure", "bytes_figure", "report_table", "write_tensorboard",
            "make_report", "curve_table"]
@@ -52,8 +51,8 @@ class RunSeries:
     """Env steps of full-precision gradients before a codec's accumulation starts (None: no warm start)."""
     summary: dict[str, Any]
     records: list[dict[str, Any]]
-    evaluation: dict[str, Any] | None = None
-    """The last line of the run's eval.jsonl (`splitrl eval`), if it has one."""
+    evaluations: dict[bool, dict[str, Any]] = field(default_factory=dict)
+    """The newest line of the run's eval.jsonl (`splitrl eval`) of each mode, keyed by ``deterministic``."""
 
 
 def _warm_start(settings: dict[str, Any]) -> int | None:
@@ -87,21 +86,16 @@ def load_run(run_dir: str | Path) -> RunSeries:
         warm_start=_warm_start(settings),
         summary=summary,
         records=records,
-        evaluation=_last_eval(run_dir),
+        evaluations=newest_evals(run_dir),
     )
 
 
-def _last_eval(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / "eval.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return json.loads(lines[-1]) if lines else None
-
-
-def _eval_cell(evaluation: dict[str, Any] | None) -> str:
-    if evaluation is None:
-        return "n/a"
-    return (f"{evaluation['return_mean']:.1f} ± {evaluation['return_std']:.1f} ({evaluation['episodes']} episodes, "
-            f"iteration {evaluation.get('iteration', '?')})")
+def _eval_cell(evaluations: dict[bool, dict[str, Any]]) -> str:
+    """Deterministic / sampled: "mean ± std (n episodes, iteration i)" each, "n/a" for a mode not evaluated."""
+    return " / ".join(
+        f"{e['return_mean']:.1f} ± {e['return_std']:.1f} ({e['episodes']} episodes, "
+        f"iteration {e.get('iteration', '?')})"
+        if (e := evaluations.get(mode)) else "n/a" for mode in (True, False))
 
 
 def return_figure(runs: Sequence[RunSeries], path: str | Path) -> Path:
@@ -147,10 +141,11 @@ def report_table(runs: Sequence[RunSeries]) -> str:
     """Markdown: final numbers per run; the ratio is the first run's bytes per env step over each run's
     (per step, so runs of different lengths compare fairly; for equal lengths it is the total's ratio)."""
     first = runs[0].summary["bytes_per_step"]
-    evals = any(run.evaluation is not None for run in runs)  # the column only where `splitrl eval` ran
+    evals = any(run.evaluations for run in runs)  # the column only where `splitrl eval` ran
     lines = [
         f"| run | codecs (rollout / fwd / bwd) | iterations | env steps | total bytes | bytes per env step "
-        f"| x fewer than {runs[0].name} | final EMA return | steps/s |" + (" held-out eval return |" if evals else ""),
+        f"| x fewer than {runs[0].name} | final EMA return | steps/s |"
+        + (" held-out eval return: deterministic / sampled |" if evals else ""),
         "|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---|" if evals else ""),
     ]
     for run in runs:
@@ -160,7 +155,7 @@ def report_table(runs: Sequence[RunSeries]) -> str:
         sps = f"{s['steps'] / s['wall_seconds']:.1f}" if s["wall_seconds"] else "n/a"
         lines.append(f"| {run.name} | `{s['codecs']}` | {s['iterations']} | {s['steps']:,} | {s['total_bytes']:,} "
                      f"| {s['bytes_per_step']:,.0f} | {ratio} | {ema} | {sps} |"
-                     + (f" {_eval_cell(run.evaluation)} |" if evals else ""))
+                     + (f" {_eval_cell(run.evaluations)} |" if evals else ""))
     return "\n".join(lines)
 
 

@@ -137,9 +137,20 @@ def test_the_table_gains_the_held_out_eval_score_where_a_run_has_one(runs: list[
     from splitrl.stages.evaluate import append_eval
 
     assert "held-out eval" not in report_table([load_run(run) for run in runs])
-    append_eval(runs[1], {"iteration": 2, "episodes": 10, "return_mean": 1.0, "return_std": 9.0})
-    append_eval(runs[1], {"iteration": 3, "episodes": 10, "return_mean": 512.25, "return_std": 31.5})
+    append_eval(runs[1], {"iteration": 2, "episodes": 10, "return_mean": 1.0, "return_std": 9.0,
+                          "deterministic": True})
+    append_eval(runs[1], {"iteration": 3, "episodes": 10, "return_mean": 512.25, "return_std": 31.5,
+                          "deterministic": True})
+    append_eval(runs[1], {"iteration": 3, "episodes": 5, "return_mean": 700.0, "return_std": 4.0,
+                          "deterministic": False})
     lines = report_table([load_run(run) for run in runs]).splitlines()
-    assert lines[0].endswith("| held-out eval return |")
-    assert lines[2].split("|")[-2].strip() == "n/a"
-    assert lines[3].split("|")[-2].strip() == "512.2 ± 31.5 (10 episodes, iteration 3)"  # the newest line
+    assert lines[0].endswith("| held-out eval return: deterministic / sampled |")
+    assert lines[2].split("|")[-2].strip() == "n/a / n/a"
+    # each mode's newest line, side by side: a sampled score never stands in for a deterministic one
+    assert lines[3].split("|")[-2].strip() == ("512.2 ± 31.5 (10 episodes, iteration 3) / "
+                                               "700.0 ± 4.0 (5 episodes, iteration 3)")
+    append_eval(runs[1], {"iteration": 4, "episodes": 5, "return_mean": 800.0, "return_std": 2.0,
+                          "deterministic": False})  # a newer sampled line replaces only the sampled cell
+    lines = report_table([load_run(run) for run in runs]).splitlines()
+    assert lines[3].split("|")[-2].strip() == ("512.2 ± 31.5 (10 episodes, iteration 3) / "
+                                               "800.0 ± 2.0 (5 episodes, iteration 4)")
