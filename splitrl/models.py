@@ -50,6 +50,17 @@ def _encoder_layers(in_channels: int) -> list[nn.Module]:
     ]
 
 
+SCORING_ROWS = 64
+"""Acting for several groups at once scores a batch of a multiple of this many rows (`ActorCriticHeads.evaluate`'s
+``parts``). torch's elementwise CPU loops take two SIMD vectors a step and leave the rest of a tensor (fewer than
+two vectors' worth) to scalar code (aten/src/ATen/native/cpu/Loops.h, ``vectorized_loop``), and on the AVX2 and
+AVX-512 EPYCs measured (2026-11-27) the two paths' ``softplus`` and ``log1p`` differ in the last bits, so a row's
+log-prob depended on how many rows came with it. 64 rows of any action width fill whole pairs of AVX-512 (and so
+AVX2) vectors: every element takes the SIMD path, whose lanes compute alike, and a row gets one result in any
+batch. The padding costs a few elementwise ops on 64 rows, where scoring each group alone would cost a call of
+the distribution's ops per group."""
+
+
 class ActorCriticHeads(nn.Module):
     """Stage1's network: an optional trunk (the layers after the cut), actor and critic.
 
@@ -101,24 +112,31 @@ class ActorCriticHeads(nn.Module):
 
         The action is the pre-tanh u (B, A) for Box actions, the index (B,) for discrete ones. ``parts``
         (size, generator): the rows come in parts (groups acted for together), each sampled with its own
-        generator and scored as it would be alone. Scored alone, not only sampled: torch's elementwise CPU
-        loops run a tensor's SIMD body and its scalar tail with functions whose last bits differ on some CPUs
-        (``softplus`` and ``log1p`` on an AVX2 EPYC), so a row's log-prob inside a larger batch can differ
-        from the one it gets in a batch of its own."""
+        generator and scored, as it would be alone (`_evaluate_parts`)."""
         if parts is not None:
-            if sum(size for size, _ in parts) != mean.shape[0]:
-                raise ValueError(f"parts of {[size for size, _ in parts]} rows for a batch of {mean.shape[0]}")
-            pieces, start = [], 0
-            for size, part_generator in parts:
-                rows = slice(start, start + size)
-                pieces.append(self.evaluate(mean[rows], value[rows],
-                                            None if action is None else action[rows], part_generator))
-                start += size
-            return tuple(torch.cat(column) for column in zip(*pieces))  # type: ignore[return-value]
+            return self._evaluate_parts(mean, value, parts)
         dist = self.distribution(mean)
         if action is None:
             action = dist.sample(generator)
         return action, dist.log_prob(action), dist.entropy(), value
+
+    def _evaluate_parts(self, mean: torch.Tensor, value: torch.Tensor,
+                        parts: list[tuple[int, torch.Generator | None]]) -> tuple[torch.Tensor, ...]:
+        """`evaluate` of rows in consecutive parts: each part's draw its own call (torch fills a large normal
+        tensor block-wise, so a draw of the whole batch would give other numbers), and the scoring done on the
+        rows padded to a multiple of `SCORING_ROWS`, which gives a row the numbers it gets in any batch."""
+        sizes = [size for size, _ in parts]
+        if sum(sizes) != len(mean):
+            raise ValueError(f"parts of {sizes} rows for a batch of {len(mean)}")
+        action = self.distribution(mean).sample_parts(parts)
+        rows = len(mean)
+        padded = -(-rows // SCORING_ROWS) * SCORING_ROWS
+
+        def pad(t: torch.Tensor) -> torch.Tensor:
+            return torch.cat([t, t.new_zeros((padded - rows,) + tuple(t.shape[1:]))]) if padded > rows else t
+
+        dist = self.distribution(pad(mean))
+        return action, dist.log_prob(pad(action))[:rows], dist.entropy()[:rows], value
 
     def get_action_and_value(
         self, x: torch.Tensor, action: torch.Tensor | None = None, generator: torch.Generator | None = None,

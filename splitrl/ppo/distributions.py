@@ -42,6 +42,13 @@ class TanhGaussian:
         )
         return (self.mean + self.std * noise).detach()
 
+    def sample_parts(self, parts: list[tuple[int, torch.Generator | None]]) -> torch.Tensor:
+        """`sample` with the rows in consecutive parts (size, generator), each part's noise its own draw:
+        the numbers that part would get sampled alone."""
+        noise = torch.cat([torch.randn((size,) + tuple(self.mean.shape[1:]), generator=generator,
+                                       dtype=self.mean.dtype, device=self.mean.device) for size, generator in parts])
+        return (self.mean + self.std * noise).detach()
+
     def log_prob(self, u: torch.Tensor) -> torch.Tensor:
         """log pi(tanh(u)), (B,), from the pre-tanh action ``u``.
 
@@ -80,6 +87,14 @@ class Categorical:
     def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
         """Draw action indices, (B,) int64 (integers carry no gradient: PPO treats actions as data)."""
         return torch.multinomial(self.probs, 1, generator=generator).squeeze(-1)
+
+    def sample_parts(self, parts: list[tuple[int, torch.Generator | None]]) -> torch.Tensor:
+        """`sample` with the rows in consecutive parts (size, generator), each part drawn as it would be alone."""
+        out, start = [], 0
+        for size, generator in parts:
+            out.append(torch.multinomial(self.probs[start:start + size], 1, generator=generator).squeeze(-1))
+            start += size
+        return torch.cat(out)
 
     def log_prob(self, action: torch.Tensor) -> torch.Tensor:
         """log pi(a), (B,), for integer actions ``action`` (B,)."""
