@@ -49,7 +49,7 @@ BATCH_INVARIANT_ROWS = 16
 this many rows whose count is a multiple of `BATCH_INVARIANT_MULTIPLE`, wherever the row sits; in any other
 batch (fewer rows, or a count off the multiple) some rows get other numbers (last bits). On two threads other
 sizes differ too. Measured per CPU (torch 2.13): an AVX2 machine gave every batch of 4 rows or more the same
-numbers; an AVX-512 one (this CI machine's, 2026-11-27) needs 16 rows for the heads' 4,096-wide first layers,
+numbers; an AVX-512 Xeon (2026-11-27) needs 16 rows for the heads' 4,096-wide first layers,
 and a multiple of 4 for the critic's one-output layer (a batch's last ``n % 4`` rows take another kernel).
 tests/schedule/test_fleet.py checks the rule on the machine it runs on. Acting for a fleet as its edges come
 runs the heads on one thread with each batch padded to this rule (`_invariant_rows`), so that no action
