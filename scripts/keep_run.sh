@@ -34,7 +34,8 @@ if [[ ! -f "$src/metrics.jsonl" ]]; then
 fi
 [[ -f "$src/metrics.jsonl" || ${#edges[@]} -gt 0 ]] || { echo "$src: no metrics.jsonl (not a run directory?)" >&2; exit 1; }
 if ((older)); then
-    find "$dest" -path '*/checkpoints' -prune -o -type f -exec rm -f {} + 2> /dev/null || true  # records are copied anew
+    # the records are copied anew; the checkpoints stay
+    find "$dest" -path '*/checkpoints' -prune -o -type f -exec rm -f {} + 2> /dev/null || true
 else
     rm -rf "$dest"
 fi
