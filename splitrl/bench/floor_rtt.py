@@ -99,7 +99,13 @@ def measure(variants: list[str], count: int = 3000, rounds: int = 3) -> dict[str
                 for i in range(count + _WARMUP):
                     start = time.perf_counter()
                     _send(push, variant, payload)
-                    _on_receipt(variant, pull.recv_multipart(copy=False))
+                    try:
+                        frames = pull.recv_multipart(copy=False)
+                    except zmq.Again:
+                        state = "still running" if peer.is_alive() else f"exited with code {peer.exitcode}"
+                        raise RuntimeError(f"{variant}: no echo of message {i} within {_TIMEOUT_MS // 1000} s "
+                                           f"(the echo peer {state})") from None
+                    _on_receipt(variant, frames)
                     if i >= _WARMUP:
                         times.append(time.perf_counter() - start)
                 results[variant].append(statistics.median(times) * 1e6)
