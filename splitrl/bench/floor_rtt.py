@@ -71,7 +71,8 @@ def _echo(to_peer: int, from_peer: int, variant: str, count: int) -> None:
     push.connect(f"tcp://127.0.0.1:{from_peer}")
     for _ in range(count):
         _send(push, variant, _on_receipt(variant, pull.recv_multipart(copy=False)))
-    push.close()
+    # With LINGER 0 a close drops what is still queued: the last echo could be lost (CI saw it once).
+    push.close(linger=_TIMEOUT_MS)
     pull.close()
     ctx.term()
 
