@@ -27,7 +27,7 @@ def _rows(path):
 
 
 def _close(a, b, rtol=1e-4, atol=1e-12):
-    """Equal but for the order of float sums: relative to the tensor's largest entry."""
+    """Equal but for the order of float sums: within ``rtol`` of the tensor's largest entry, plus ``atol``."""
     return float((a - b).abs().max()) <= rtol * float(b.abs().max()) + atol
 
 
