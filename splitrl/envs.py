@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections import deque
 import signal
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -240,7 +241,7 @@ def vector_env_state(envs: gym.vector.VectorEnv) -> dict[str, Any]:
     layer: Any = envs
     while isinstance(layer, gym.vector.VectorWrapper):
         name = type(layer).__name__
-        state = {key: copy.deepcopy(getattr(layer, key)) for key in _WRAPPER_STATE.get(name, ())}
+        state = {key: _plain(getattr(layer, key)) for key in _WRAPPER_STATE.get(name, ())}
         if name == "NormalizeReward":
             rms = layer.return_rms
             state["return_rms"] = (copy.deepcopy(rms.mean), copy.deepcopy(rms.var), rms.count)
@@ -262,10 +263,17 @@ def restore_vector_env(envs: gym.vector.VectorEnv, state: dict[str, Any]) -> np.
         for key, value in saved.items():
             if key == "return_rms":
                 layer.return_rms.mean, layer.return_rms.var, layer.return_rms.count = copy.deepcopy(value)
+            elif isinstance(getattr(layer, key), deque):  # the live queue keeps its own length limit
+                setattr(layer, key, deque(copy.deepcopy(value), maxlen=getattr(layer, key).maxlen))
             else:
                 setattr(layer, key, copy.deepcopy(value))
         layer = layer.env
     return obs
+
+
+def _plain(value: Any) -> Any:
+    """A wrapper's value as a checkpoint holds it: a queue as a list (`restore_vector_env` refills the live one)."""
+    return list(copy.deepcopy(value)) if isinstance(value, deque) else copy.deepcopy(value)
 
 
 def to_env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray, mode: str) -> np.ndarray:

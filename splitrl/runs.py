@@ -14,7 +14,6 @@ through these readers (`link_bytes`, `iteration_bytes`, ...) and `summarise_run`
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import os
@@ -31,6 +30,7 @@ __all__ = [
     "checkpoint_path",
     "checkpoint_iterations",
     "load_checkpoint",
+    "upgrade_checkpoints",
     "truncate_logs",
     "check_fresh",
     "default_run_dir",
@@ -127,13 +127,11 @@ class RunLog:
 
     def checkpoint(self, stage: str, iteration: int, state: dict[str, Any]) -> Path:
         """Write ``state`` as ``stage``'s checkpoint of ``iteration``; `CheckpointError` naming the path if it fails."""
-        import torch  # reading a run directory needs no torch
+        from .checkpoints import dumps  # reading a run directory needs no torch
 
         path = checkpoint_path(self.dir, stage, iteration)
         path.parent.mkdir(exist_ok=True)
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        data = buffer.getvalue()
+        data = dumps(state)
         try:
             _write_atomically(path, data)
             _write_atomically(path.with_name(path.name + ".sha256"), hashlib.sha256(data).hexdigest().encode())
@@ -191,16 +189,41 @@ def checkpoint_iterations(run_dir: str | Path, stage: str) -> list[int]:
     return sorted(found)
 
 
-def load_checkpoint(run_dir: str | Path, stage: str, iteration: int) -> dict[str, Any]:
-    """``stage``'s checkpoint of ``iteration``, after checking its SHA-256; ValueError if it does not match."""
-    import torch
-
-    path = checkpoint_path(run_dir, stage, iteration)
+def _checked_bytes(path: Path) -> bytes:
     data = path.read_bytes()
     expected = path.with_name(path.name + ".sha256").read_text().strip()
     if hashlib.sha256(data).hexdigest() != expected:
         raise ValueError(f"checkpoint {path} does not match its checksum: it is damaged")
-    return torch.load(io.BytesIO(data), weights_only=False)
+    return data
+
+
+def load_checkpoint(run_dir: str | Path, stage: str, iteration: int) -> dict[str, Any]:
+    """``stage``'s checkpoint of ``iteration``, after checking its SHA-256 (ValueError if it does not match).
+
+    Only tensors and plain values are read (`splitrl.checkpoints`): a file that names any other Python object
+    is refused with `UnsafeCheckpointError`, whatever its checksum says, and nothing in it runs."""
+    from .checkpoints import loads
+
+    path = checkpoint_path(run_dir, stage, iteration)
+    return loads(_checked_bytes(path), f"checkpoint {path}")
+
+
+def upgrade_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Rewrite every checkpoint under ``run_dir`` (its edges' and learners' directories included) that an older
+    splitrl wrote in the current format (`splitrl.checkpoints.upgrade`), each after its checksum is checked and
+    atomically with a new one; the paths rewritten. Those already current are left as they are."""
+    from .checkpoints import upgrade
+
+    done = []
+    for path in sorted(Path(run_dir).glob("**/checkpoints/*-iter*.pt")):
+        if not path.with_name(path.name + ".sha256").exists():
+            continue
+        data = upgrade(_checked_bytes(path), f"checkpoint {path}")
+        if data is not None:
+            _write_atomically(path, data)
+            _write_atomically(path.with_name(path.name + ".sha256"), hashlib.sha256(data).hexdigest().encode())
+            done.append(path)
+    return done
 
 
 def truncate_logs(run_dir: str | Path, iteration: int) -> None:

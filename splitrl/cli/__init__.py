@@ -2,7 +2,7 @@
 
 ``main`` is the group; the commands live in one module per area and are attached
 here: `train` (stage0, stage1, train, run, curve), `bench` (``splitrl bench ...``),
-`netem` (``splitrl netem ...``, ``splitrl lab``) and `tools` (codecs, report, keys), `evaluate` (eval).
+`netem` (``splitrl netem ...``, ``splitrl lab``) and `tools` (codecs, report, keys, upgrade-checkpoints), `evaluate` (eval).
 Their options come from the settings dataclasses (`options`); how they end on an
 error is `errors`. Every command imports torch lazily, so ``--help`` and
 ``splitrl netem`` start quickly.
@@ -23,7 +23,7 @@ from .evaluate import eval_cmd
 from .netem import lab, netem
 from .options import training_options
 from .plan import plan
-from .tools import codecs_cmd, keys, report
+from .tools import codecs_cmd, keys, report, upgrade_checkpoints
 from .train import curve, run, stage0, stage1, train
 
 __all__ = ["main", "run_cli", "training_options"]
@@ -72,5 +72,6 @@ def main(verbose: bool) -> None:
     _install_signal_handlers()
 
 
-for _command in (stage0, stage1, train, run, curve, eval_cmd, codecs_cmd, bench, report, keys, netem, lab, plan):
+for _command in (stage0, stage1, train, run, curve, eval_cmd, codecs_cmd, bench, report, keys, upgrade_checkpoints,
+                 netem, lab, plan):
     main.add_command(_command)

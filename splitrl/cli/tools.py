@@ -1,4 +1,4 @@
-"""Tool commands: ``splitrl codecs``, ``splitrl report`` and ``splitrl keys``."""
+"""Tool commands: ``splitrl codecs``, ``splitrl report``, ``splitrl keys`` and ``splitrl upgrade-checkpoints``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import click
 
 from .errors import run_cli
 
-__all__ = ["codecs_cmd", "report", "keys"]
+__all__ = ["codecs_cmd", "report", "keys", "upgrade_checkpoints"]
 
 
 @click.command("codecs")
@@ -55,3 +55,16 @@ def keys(directory: str, name: str) -> None:
 
     for path in run_cli(lambda: make_keys(directory, name)):
         click.echo(str(path))
+
+
+@click.command("upgrade-checkpoints")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+def upgrade_checkpoints(run_dirs: tuple[str, ...]) -> None:
+    """Rewrite the checkpoints an older splitrl wrote in RUN_DIRS (pickled numpy arrays and deques) as tensors and
+    plain values, which is all splitrl loads. Only for runs you trust: the upgrade itself reads nothing but numpy
+    arrays, scalars and deques, but what a checkpoint holds decides what the resumed run does."""
+    from ..runs import upgrade_checkpoints as upgrade
+
+    for run_dir in run_dirs:
+        done = run_cli(lambda: upgrade(run_dir))
+        click.echo(f"{run_dir}: {len(done)} checkpoint(s) rewritten")
