@@ -319,7 +319,7 @@ class CodecSettings:
         if exchange is not None and exchange.name != "features" and cut == "input":
             out.append(f"--exchange {self.exchange!r}: with --cut input nothing crosses the link in training")
         if self.link_budget:
-            from .netem.tc import parse_rate
+            from .units import parse_rate
 
             try:
                 parse_rate(self.link_budget)

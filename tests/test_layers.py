@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ppo",),
     ("transport",),
     ("netem",),
-    ("runs", "launch", "errors"),
+    ("runs", "checkpoints", "launch", "errors", "units"),
 ]
 """Top to bottom; a module may import its own layer and the layers below it."""
 

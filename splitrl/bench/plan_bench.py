@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..netem.tc import parse_rate
+from ..units import parse_rate
 from ..plan import Link, Timings, calibrate, load_run, predict
 
 __all__ = ["CHECKS", "Check", "check_plan", "plan_table"]

@@ -38,7 +38,7 @@ def plan(settings: TrainSettings, options: RunOptions, calibration: str, bytes_f
     configuration these training options describe, on a link of --rate and --rtt; times the networks here
     for a few seconds (run it on an idle machine)."""
     from ..envs import choose_vector
-    from ..netem.tc import parse_rate
+    from ..units import parse_rate
     from ..plan import Link, Timings, calibrate, load_run, predict
     from ..plan import recommend as plan_all
 

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 from ..codecs import CODECS, CodecSet, parse_codec
 from ..envs import EnvSpec
 from ..models import agent
-from ..netem.tc import parse_rate
+from ..units import parse_rate
 from ..runs import NOT_TRAINING_KINDS
 from ..settings import Exchange, TrainSettings
 from ..transport import ProtocolError
