@@ -1,0 +1,173 @@
+"""Spec parsers: the options whose value is a small language of its own (``NAME[:key=value,...]``, a codec
+spec, ``key=value`` keyword arguments, a link rate), read into values, each error naming the option.
+
+The codecs' names live here too, so --help needs no torch import; their parsers are imported only when a spec
+is checked (the codecs import the transport; the settings stay import-light).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import SettingsError
+from ..units import parse_rate
+from .options import bound_error
+
+__all__ = ["CODEC_NAMES", "CODEC_STREAMS", "EXCHANGES", "ENCODER_SYNCS", "SYNC_MODES", "OUTPUT_CODECS",
+           "FLEET_CODECS", "EncoderSync", "Exchange", "parse_env_kwargs", "codec_spec", "parse_link_budget",
+           "parsed_codec", "codec_base"]
+
+CODEC_NAMES = ("fp32", "bf16", "fp16", "int8", "relu", "delta", "paper", "ef", "frames")
+"""The codecs of `splitrl.codecs.CODECS`, named here so --help needs no torch import."""
+CODEC_STREAMS = {
+    "rollout": ("fp32", "bf16", "fp16", "int8", "relu", "frames"),
+    "fwd": ("fp32", "bf16", "fp16", "int8", "relu", "delta"),
+    "bwd": ("fp32", "bf16", "fp16", "int8", "paper", "ef"),
+}
+"""Which codecs each stream accepts (each codec's ``streams``), for --help; a test keeps it in step."""
+EXCHANGES = ("features", "replica")
+ENCODER_SYNCS = ("grad", "avg")
+SYNC_MODES = ("fp32", "bf16", "int8")
+OUTPUT_CODECS = ("fp32", "bf16", "fp16", "int8")
+"""The dense codecs that carry the replica exchange's per-sample outputs and their gradient."""
+FLEET_CODECS = ("fp32", "bf16", "fp16", "int8", "relu")
+"""What a fleet's training features and gradients may go through: codecs without per-sample state, which
+would be split across the edges (the rollout stream takes any codec: its state is per env)."""
+
+
+def parse_env_kwargs(text: str) -> dict[str, Any]:
+    """``--env-kwargs`` ('key=value,key=value') as the dict gym.make takes: numbers, True/False and None as in
+    Python, anything else a string; SettingsError naming a malformed item."""
+    out: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, eq, raw = (part.strip() for part in item.partition("="))
+        if not eq or not key.isidentifier():
+            raise SettingsError(f"--env-kwargs {text!r}: {item!r} is not key=value")
+        try:
+            out[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            out[key] = raw
+    return out
+
+
+def _named_params(cls: type, spec: str, option: str, names: tuple[str, ...],
+                  with_params: tuple[str, ...]) -> Any:
+    """``NAME[:key=value,...]`` read against the fields of ``cls`` (all but ``name``) into an instance; only
+    the names in ``with_params`` take parameters, a ``sync`` parameter names a dense codec (`SYNC_MODES`), and
+    each parameter lies in the range its field declares. SettingsError naming what is wrong."""
+    name, _, params = spec.strip().partition(":")
+    if name not in names:
+        raise SettingsError(f"{option} {spec!r}: unknown {option[2:].replace('-', ' ')} {name!r} "
+                            f"(one of {', '.join(names)})")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "name"} if name in with_params else {}
+    values: dict[str, Any] = {}
+    for item in filter(None, params.split(",")):
+        key, eq, raw = (part.strip() for part in item.partition("="))
+        if not eq or key not in fields:
+            raise SettingsError(f"{option} {spec!r}: unknown parameter {item!r} for {name!r} "
+                                f"(parameters: {', '.join(fields) or 'none'})")
+        try:
+            values[key] = int(raw) if fields[key].type in (int, "int") else raw
+        except ValueError:
+            raise SettingsError(f"{option} {spec!r}: {key}={raw!r} is not a whole number") from None
+    if values.get("sync", SYNC_MODES[-1]) not in SYNC_MODES:  # a weight sync's codec (`WeightSync`)
+        raise SettingsError(f"{option} {spec!r}: sync must be one of {', '.join(SYNC_MODES)}")
+    parsed = cls(name, **values)
+    for f in fields.values():
+        message = bound_error(f.name, getattr(parsed, f.name), f.metadata)
+        if message:
+            raise SettingsError(f"{option} {spec!r}: {message}")
+    return parsed
+
+
+@dataclass(frozen=True)
+class EncoderSync:
+    """How a fleet's edges keep one encoder, parsed from ``--encoder-sync NAME[:key=value,...]``.
+
+    ``grad``: every minibatch, the edges' encoder gradients are summed through stage1 and every edge
+    steps with the sum (exact). ``avg``: each edge steps with its own share's gradient, and after every
+    ``every``-th minibatch (and each epoch's last) the edges' weights are averaged through stage1, their
+    changes since the last average travelling as ``sync`` (`splitrl.stages.weights.WeightSync`).
+    """
+
+    name: str = "grad"
+    every: int = field(default=8, metadata={"min": 1})
+    """avg: minibatches between averages (counted over the iteration; each epoch's last averages too)."""
+    sync: str = "int8"
+    """avg: how the weight changes travel (fp32, bf16 or int8 with one scale per row)."""
+
+    @classmethod
+    def parse(cls, spec: str) -> "EncoderSync":
+        """SettingsError naming what is wrong."""
+        return _named_params(cls, spec, "--encoder-sync", ENCODER_SYNCS, with_params=("avg",))
+
+    def due(self, epoch: int, mb: int, minibatches: int) -> bool:
+        """Whether the edges average after minibatch (epoch, mb)."""
+        return mb == minibatches - 1 or (epoch * minibatches + mb + 1) % self.every == 0
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """What crosses the cut in training, parsed from ``--exchange NAME[:key=value,...]``.
+
+    ``features``: the encoder's output and the loss gradient with respect to it.
+    ``replica``: stage0 keeps a replica of the heads; the change of the heads' outputs
+    since the rollout and the gradient with respect to them (`splitrl.stages.replica`).
+    """
+
+    name: str = "features"
+    sync: str = "int8"
+    """replica: how the heads' weight updates travel (fp32, bf16 or int8 with one scale per row)."""
+    last_every: int = field(default=0, metadata={"min": 0})
+    """replica: also update all weights but the two first layers after every N-th training minibatch (0: never)."""
+    all_every: int = field(default=0, metadata={"min": 0})
+    """replica: also update all weights after every N-th training minibatch (0: never)."""
+
+    @classmethod
+    def parse(cls, spec: str) -> "Exchange":
+        """SettingsError (a ValueError) naming what is wrong."""
+        return _named_params(cls, spec, "--exchange", EXCHANGES, with_params=("replica",))
+
+
+def codec_spec(stream: str) -> Callable[[str], Any]:
+    """The check of ``--codec-STREAM``: the codec it names, or ValueError naming the option and what is wrong."""
+
+    def check(spec: str) -> Any:
+        if codec_base(spec) == "replica":
+            raise SettingsError(f"--codec-{stream} {spec!r}: replica is an exchange, not a codec: use --exchange "
+                                "replica[:sync=...,last_every=N,all_every=N] with --codec-fwd/--codec-bwd "
+                                f"{', '.join(OUTPUT_CODECS)}")
+        from ..codecs import parse_codec
+
+        try:
+            return parse_codec(spec, stream)
+        except ValueError as exc:
+            raise SettingsError(f"--codec-{stream}: {exc}") from None
+
+    return check
+
+
+def parsed_codec(spec: str, stream: str) -> Any:
+    """The codec ``spec`` names for ``stream``, or None where it names none (`codec_spec` says why)."""
+    try:
+        return codec_spec(stream)(spec)
+    except ValueError:
+        return None
+
+
+def codec_base(spec: str) -> str:
+    """The codec a spec names before its parameters and layers: 'ef' of 'ef:density=0.1+zstd'."""
+    return spec.strip().partition(":")[0].partition("+")[0]
+
+
+def parse_link_budget(text: str) -> int | None:
+    """``--link-budget`` in bits per second, None when empty (no budget); SettingsError naming the option."""
+    if not text:
+        return None
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise SettingsError(f"--link-budget: {exc}") from None
