@@ -12,7 +12,7 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	touch $(STAMP)
 
 ## run: local split training, stage1 and stage0 as two processes over loopback.
-## Two paper-sized iterations (a few minutes on 2 cores); override with ARGS=...
+## Two paper-sized iterations (a few minutes on a CPU); override with ARGS=...
 RUN_ARGS ?= --total-steps 8192
 run: $(STAMP)
 	$(BIN)/splitrl run $(RUN_ARGS) $(ARGS)

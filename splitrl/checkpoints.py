@@ -12,8 +12,8 @@ each as a one-key dict naming its kind:
 - a numpy scalar: ``{"__npscalar__": [dtype name, python value]}``.
 
 The checksum beside a checkpoint (`splitrl.runs`) catches damage; this module is what stops
-malice. Checkpoints written by splitrl before this format held numpy arrays and deques as
-pickled objects: `upgrade` rewrites one the user vouches for, reading it with the same
+malice. Format 1 checkpoints (no ``format`` key; those committed under docs/results are such)
+hold numpy arrays and deques as pickled objects: `upgrade` rewrites one the user vouches for, reading it with the same
 unpickler and an allow-list of exactly those data classes (a deque read as a list), so even an
 upgrade runs no code.
 """
@@ -123,7 +123,7 @@ def _empty_list(*_: Any) -> list[Any]:
 
 
 def _legacy_allow_list() -> list[Any]:
-    """The data classes older checkpoints pickled: numpy arrays, dtypes and scalars, and the env wrappers'
+    """The data classes format 1 checkpoints pickle: numpy arrays, dtypes and scalars, and the env wrappers'
     deques, read as lists (torch's unpickler fills only lists; `splitrl.envs.restore_vector_env` refills the
     live queue). None of them runs code when it is built from a file: an array is rebuilt from its dtype,
     shape and bytes."""
@@ -135,8 +135,8 @@ def _legacy_allow_list() -> list[Any]:
 
 
 def upgrade(data: bytes, name: str = "the checkpoint") -> bytes | None:
-    """An older checkpoint's bytes rewritten in this format (None if it already is), read with torch's
-    unpickler allowing only the data classes older checkpoints held (`_legacy_allow_list`)."""
+    """A format 1 checkpoint's bytes rewritten in this format (None if it already is), read with torch's
+    unpickler allowing only the data classes format 1 holds (`_legacy_allow_list`)."""
     state = _load(data, name, allow=_legacy_allow_list())
     if state.get("format") == FORMAT:
         return None

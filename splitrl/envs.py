@@ -32,7 +32,8 @@ class EnvSpec:
     action_high: tuple[float, ...]
     """A Box's upper bounds; for a Discrete space (its last action,)."""
     discrete: bool = False
-    """Whether the action space is Discrete (a categorical policy; the default keeps older run configs valid)."""
+    """Whether the action space is Discrete (a categorical policy). Defaults to False because run configs under
+    docs/results have no such key and are Box runs."""
 
     @classmethod
     def from_config(cls, data: dict[str, Any]) -> "EnvSpec":
@@ -163,8 +164,8 @@ def worker_cpu_seconds(stepper: StepInTwo) -> float | None:
 
 
 ASYNC_FROM_ENVS = 4
-"""``--vector auto`` steps this many envs or more in worker processes: where `splitrl bench vector` measured
-AsyncVectorEnv faster (docs/results/vector.md: 1.24x at 4 envs, 1.51x at 8, 0.89x at 1; 2 and 3 not measured)."""
+"""``--vector auto`` steps this many envs or more in worker processes: where `splitrl bench vector` finds
+AsyncVectorEnv faster (docs/results/vector.md)."""
 
 
 def choose_vector(mode: str, num_envs: int) -> str:

@@ -48,8 +48,8 @@ PORT_RANGE_ENV = "SPLITRL_PORT_RANGE"
 
 def _below_ephemeral() -> tuple[int, int] | None:
     """Ports under the kernel's ephemeral range (where outgoing connections take their local port): a port chosen
-    there cannot be taken by a connection between our check and the stage's bind (seen once: an edge's
-    connection took the port stage1 was about to bind). None where the range is unknown or starts too low.
+    there cannot be taken by a connection between our check and the stage's bind (an edge's outgoing
+    connection may otherwise take the port stage1 is about to bind). None where the range is unknown or starts too low.
     `PORT_RANGE_ENV` narrows it."""
     wanted = os.environ.get(PORT_RANGE_ENV)
     if wanted:

@@ -47,7 +47,7 @@ __all__ = ["Timings", "Rates", "Link", "Plan", "RunConfig", "load_run", "calibra
 
 TCP_GOODPUT = MSS_BYTES / FRAME_BYTES
 """Application bytes per byte tc counts on a full-size segment (Ethernet 14 + IPv4 20 + TCP 20 + timestamps 12 of
-headers): what `splitrl bench lab` measured as the ceiling (docs/results/lab.md: 0.954-0.956 of the set rate)."""
+headers): the ceiling `splitrl bench lab` finds on a shaped link (docs/results/lab.md)."""
 
 
 @dataclass(frozen=True)
@@ -280,6 +280,7 @@ def load_run(run_dir: str | Path) -> RunConfig:
     settings = TrainSettings.from_dict(config["settings"])
     spec = EnvSpec.from_config(config["env_spec"])
     options = config.get("options", {})
+    # A config without "vector" (codec-learning's and learning-check*'s under docs/results) stepped its envs in process.
     return RunConfig(settings, spec, int(config.get("torch_threads") or options.get("threads") or 0),
                      choose_vector(options.get("vector", "sync"), settings.env.num_envs))
 

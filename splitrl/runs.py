@@ -209,9 +209,10 @@ def load_checkpoint(run_dir: str | Path, stage: str, iteration: int) -> dict[str
 
 
 def upgrade_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Rewrite every checkpoint under ``run_dir`` (its edges' and learners' directories included) that an older
-    splitrl wrote in the current format (`splitrl.checkpoints.upgrade`), each after its checksum is checked and
-    atomically with a new one; the paths rewritten. Those already current are left as they are."""
+    """Rewrite every checkpoint under ``run_dir`` (its edges' and learners' directories included) that is in the
+    pickled format 1 (as those committed under docs/results are) in the current format
+    (`splitrl.checkpoints.upgrade`), each after its checksum is checked and atomically with a new one; the paths
+    rewritten. Those already current are left as they are."""
     from .checkpoints import upgrade
 
     done = []
@@ -471,7 +472,8 @@ def summarise_run(
     return {
         "run": Path(run_dir).name,
         "cut": settings.get("cut", "?"),
-        # Runs from before codecs existed sent float32, as the fp32 codec does.
+        # Defaults for committed run configs: learning-check*'s have no codecs (they sent float32, as fp32 does),
+        # codec-learning's no exchange (features).
         "codecs": " / ".join(codecs.get(f"codec_{s}", "fp32") for s in ("rollout", "fwd", "bwd"))
         + ("" if codecs.get("exchange", "features") == "features" else f" / {codecs['exchange']}"),
         "iterations": last["iteration"],

@@ -87,7 +87,7 @@ def test_a_crafted_checkpoint_with_a_matching_checksum_runs_nothing(tmp_path):
 
 
 def test_an_older_checkpoint_is_refused_then_upgraded_on_request(tmp_path):
-    """The older format: numpy arrays and a deque pickled as objects, no format key."""
+    """Format 1: numpy arrays and a deque pickled as objects, no format key."""
     legacy = {"net": collections.OrderedDict(w=torch.randn(2)), "rollout": {
         "queue": collections.deque([1.0, 2.0], maxlen=100), "returns": np.arange(3.0), "count": np.int64(4)}}
     path = checkpoint_path(tmp_path, "stage0", 1)

@@ -1,7 +1,7 @@
 """A TCP relay that holds every chunk for a delay: link latency where the kernel has no netem.
 
-tc's netem qdisc delays packets; this machine's kernel has none (tbf shapes the
-rate only). The relay sits between a client and its server, as toxiproxy's
+tc's netem qdisc delays packets; a kernel without sch_netem has none (tbf shapes
+the rate only). The relay sits between a client and its server, as toxiproxy's
 latency toxic does: for each connection it accepts it opens one to the server,
 and in each direction writes every chunk it reads ``delay`` seconds (plus, with
 ``jitter``, a uniform draw in [-jitter, +jitter]) after reading it. Order is

@@ -274,8 +274,8 @@ class TrainSettings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainSettings":
-        """The settings `to_dict` wrote (a run's config); fields it lacks (an older run) take their defaults,
-        a field it has that these settings do not know is an error."""
+        """The settings `to_dict` wrote (a run's config); fields it lacks take their defaults (run configs under
+        docs/results lack options they did not use), a field it has that these settings do not know is an error."""
         sections = {f.name: f.default_factory for f in dataclasses.fields(cls)
                     if f.default_factory is not dataclasses.MISSING}  # the nested settings
 

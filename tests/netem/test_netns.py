@@ -118,7 +118,7 @@ def test_netem_fallback_on_this_kernel(scratch_ns):
     plan = plan_shaping("lo", shaping, scratch_ns)
     try:
         applied = apply_shaping(plan)
-    except PartialShaping as exc:  # this kernel has no netem: refused, and nothing changed
+    except PartialShaping as exc:  # a kernel without netem: refused, and nothing changed
         assert "delay 20 ms cannot be applied" in str(exc)
         assert "no shaping" in show_shaping("lo", scratch_ns)
         applied = apply_shaping(plan, allow_partial=True)

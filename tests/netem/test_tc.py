@@ -38,7 +38,7 @@ from splitrl.netem.tc import (
 # Namespaces are the machine's: no other test worker makes any while this module runs (make test: -n 2).
 pytestmark = pytest.mark.usefixtures("netns_module")
 
-NETEM_UNKNOWN = "Error: Specified qdisc kind is unknown."  # what this project's kernel says
+NETEM_UNKNOWN = "Error: Specified qdisc kind is unknown."  # what tc says on a kernel without sch_netem
 
 
 # -- units ------------------------------------------------------------------------------
@@ -278,7 +278,7 @@ def test_the_real_tc_reports_a_missing_interface():
 # -- show and clear ----------------------------------------------------------------------------
 
 TBF = {"kind": "tbf", "handle": "8001:", "root": True, "refcnt": 2,
-       "options": {"rate": 2500000, "burst": 32767, "lat": 419430}}  # real output of this kernel's tc -j
+       "options": {"rate": 2500000, "burst": 32767, "lat": 419430}}  # real output of tc -j
 NETEM = {"kind": "netem", "handle": "8002:", "root": True, "options": {
     "limit": 1000, "delay": {"delay": 0.02, "jitter": 0.005, "correlation": 0},
     "loss-random": {"loss": 0.001, "correlation": 0}, "rate": {"rate": 2500000, "packetoverhead": 0}, "ecn": False, "gap": 0}}
