@@ -2,7 +2,7 @@
 
 Supervision is written once (`supervise`) and used by every place that runs the
 two stages as processes: `launch_split` (``splitrl run``), the lab
-(`splitrl.bench.lab`), the lab benchmark and the transport-swap benchmark.
+(`splitrl.lab`), the lab benchmark and the transport-swap benchmark.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ PACKAGE = Path(splitrl.__file__).resolve().parent
 
 LAYERS: list[tuple[str, ...]] = [
     ("__main__", "cli"),
-    ("bench", "plan"),
+    ("bench", "plan", "lab", "report"),
     ("schedule",),
     ("stages",),
     ("settings", "models", "envs"),

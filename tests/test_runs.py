@@ -143,7 +143,7 @@ def test_a_fleets_history_is_merged_per_iteration(tmp_path):
 
 def test_a_fleets_curve_report_and_kind_table_read_every_edge(tmp_path):
     from splitrl.bench.learning_bench import kind_table
-    from splitrl.bench.report import curve_table, load_run
+    from splitrl.report import curve_table, load_run
 
     run = _fleet(tmp_path)
     assert has_records(run) and has_records(run / "edge-1") and not has_records(tmp_path)  # `splitrl report` takes it

@@ -21,18 +21,15 @@ Needs root (``ip netns``, ``tc``). Each lab is removed on every exit path, by `L
 from __future__ import annotations
 
 import logging
-
-import contextlib
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..launch import STOP_GRACE_S, supervise
+from ..lab import DEFAULT_PORT, measure_throughput, train_in_lab
 from ..netem.netns import Lab, LabNames
 from ..netem.tc import Shaping, format_rate, parse_rate
 from ..runs import read_metrics, summarise_run
-from .lab import DEFAULT_PORT, measure_throughput, spawn_stages
 
 __all__ = [
     "DEFAULT_RATES",
@@ -100,27 +97,6 @@ def auto_measure_bytes(rate_bits: int, seconds: float = MEASURE_SECONDS) -> int:
     return min(64, max(4, mib)) * _MIB
 
 
-def _tail(path: Path, chars: int = 2000) -> str:
-    with contextlib.suppress(OSError):
-        return path.read_text(errors="replace")[-chars:]
-    return ""
-
-
-def _train_in_lab(lab: Lab, args: Sequence[str], run_dir: Path, port: int, timeout: float) -> None:
-    """Both stages in the lab's namespaces, output to stage0.log / stage1.log beside the run directory's files."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    procs = spawn_stages(lab, [*args, "--run-dir", str(run_dir)], port, log_dir=run_dir)
-    supervise(list(procs.values()), grace=STOP_GRACE_S, timeout=timeout)
-    codes = {side: p.poll() for side, p in procs.items()}
-    if any(c != 0 for c in codes.values()):
-        why = "timed out" if time.monotonic() - start > timeout else "failed"
-        logs = {side: run_dir / f"{side}.log" for side in procs}
-        details = "\n".join(f"--- {side} (exit {codes[side]}), {logs[side]}:\n{_tail(logs[side])}" for side in logs)
-        raise RuntimeError(f"training in the lab {why} (stage1 exit {codes['stage1']}, stage0 exit "
-                           f"{codes['stage0']}), run directory {run_dir}\n{details}")
-
-
 def run_lab_bench(
     rates: Sequence[str] = DEFAULT_RATES,
     ppo_args: Sequence[str] = PPO_ARGS,
@@ -158,7 +134,7 @@ def run_lab_bench(
                 run_dir = base / f"{rate}-{config}"
                 echo(f"  training with {config} -> {run_dir}")
                 start = time.monotonic()
-                _train_in_lab(lab, [*ppo_args, *codec_args, *extra_args], run_dir, DEFAULT_PORT + 10 * i, timeout)
+                train_in_lab(lab, [*ppo_args, *codec_args, *extra_args], run_dir, DEFAULT_PORT + 10 * i, timeout)
                 summary = summarise_run(run_dir)
                 echo(f"    {summary['seconds_per_iteration']:.1f} s/iteration, "
                      f"{summary['bytes_per_iteration'] / 1e6:.2f} MB/iteration "

@@ -3,7 +3,7 @@
 Every mode is a fresh split run (stage1 and stage0 as processes, the paper's
 4096 steps per iteration, 10 epochs of 32 minibatches of 128), each adding one
 mechanism to the row before (`MODES`). At 0 ms they run over loopback
-(`splitrl run`); at a given round trip they run in the lab (`splitrl.bench.lab`:
+(`splitrl run`); at a given round trip they run in the lab (`splitrl.lab`:
 two network namespaces, a shaped veth pair, the delay from netem or, where the
 kernel has none, the TCP delay relay), at ``rate``. The figures come from each
 run's metrics.jsonl, over the iterations between the first (start-up; in the
@@ -80,7 +80,7 @@ def _summary(mode: str, rtt_ms: float, run_dir: Path) -> dict[str, Any]:
 
 
 def _run_in_lab(args: Sequence[str], run_dir: Path, rtt_ms: float, rate: str, echo: Callable[[str], Any]) -> None:
-    from .lab import run_lab  # needs root; imported only when a round trip is asked for
+    from ..lab import run_lab  # needs root; imported only when a round trip is asked for
 
     shaping = Shaping.parse(rate, f"{rtt_ms / 2:g}ms")  # the delay applies each way
     result = run_lab([*args, "--run-dir", str(run_dir)], str(run_dir), shaping, measure_bytes=0, echo=echo)

@@ -198,7 +198,7 @@ def _bar_value(value: float) -> str:
 
 def swap_chart(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """A PNG of four bar panels: steps/s, round trips/s, link wait per round trip, CPU s per iteration."""
-    from .report import pyplot
+    from ..report import pyplot
 
     plt = pyplot()
     means = _mean_by_link(rows)

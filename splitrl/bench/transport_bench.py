@@ -154,7 +154,7 @@ class _TransportLink:
             cls = ZmqTransport if config["transport"] == "zmq" else TcpTransport
         self.transport = cls(config["endpoint"], bind=bind, timeout=DATA_TIMEOUT_S)
         # As the stages' handshake leaves a link: every message carries the session id, and the receiver learns
-        # the session's layouts (`wire.decode`'s known path).
+        # the session's layouts (`FastWire.decode`'s known path).
         self.transport.session = _SESSION
         self.config["endpoint"] = self.transport.endpoint  # type: ignore[attr-defined]
 

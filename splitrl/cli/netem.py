@@ -148,7 +148,7 @@ def lab(settings: TrainSettings, options: RunOptions, rate: str, delay: str | No
     counters. Everything is removed on exit (normal end, failure or Ctrl-C).
     Needs root.
     """
-    from ..bench.lab import format_report, run_lab, stage_commands
+    from ..lab import format_report, run_lab, stage_commands
     from ..netem.netns import LabNames, delete_namespace, format_lab_plan, lab_namespaces
 
     shaping = _shaping(rate, delay, jitter, loss, limit)

@@ -26,7 +26,7 @@ def codecs_cmd() -> None:
 @click.option("--tensorboard", is_flag=True, help="also write TensorBoard event files under OUT/tensorboard/")
 def report(run_dirs: tuple[str, ...], out_dir: str, tensorboard: bool) -> None:
     """The paper's two figures (return and bytes on the link against env steps) and a table, for RUN_DIRS."""
-    from ..bench.report import make_report
+    from ..report import make_report
     from ..runs import has_records
 
     missing = [d for d in run_dirs if not has_records(d)]

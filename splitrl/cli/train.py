@@ -66,6 +66,6 @@ def run(settings: TrainSettings, options: RunOptions, endpoint: str | None) -> N
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 def curve(run_dir: str) -> None:
     """Print a run's learning curve (per iteration) as a markdown table."""
-    from ..bench.report import curve_table
+    from ..report import curve_table
 
     click.echo(run_cli(lambda: curve_table(run_dir)))

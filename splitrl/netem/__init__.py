@@ -3,7 +3,7 @@
 `tc` builds, runs and reads tc commands for one interface; `netns` makes the
 namespaces (two joined by a shaped veth pair, or one with only its loopback)
 and starts processes inside. Neither knows what runs there (the lab's training
-runs are `splitrl.bench.lab`) and neither imports torch: the commands stay
+runs are `splitrl.lab`) and neither imports torch: the commands stay
 quick to start.
 """
 

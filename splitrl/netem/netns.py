@@ -10,7 +10,7 @@ namespaces, so nothing on the host's own interfaces, routes or ports is touched,
 and `Lab.down` removes it all again: deleting a namespace deletes its veth end.
 
 This module knows namespaces, interfaces and processes, not what runs in them;
-the lab's training runs are `splitrl.bench.lab`. The two ends are called
+the lab's training runs are `splitrl.lab`. The two ends are called
 ``stage0`` and ``stage1`` because that is what they carry.
 
 Kernel counters. Each veth end counts what the kernel sent (`Lab.counters`,

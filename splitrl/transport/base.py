@@ -18,7 +18,8 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from .errors import PeerAbort, PeerGone, ProtocolError, TransportClosed, TransportTimeout, peer_text
-from .wire import ABORT_KIND, HELLO_KIND, Message, WireLimits, decode, encode, frame_nbytes, session_of
+from .fastwire import FastWire
+from .wire import ABORT_KIND, HELLO_KIND, Message, WireLimits, frame_nbytes, session_of
 
 __all__ = ["Transport", "Watch", "ByteMeter", "MeterEntry", "INVALID_KIND", "STRANGER_KIND", "WAITING_LINE_EVERY"]
 
@@ -111,6 +112,7 @@ class Transport(ABC):
         self.peer = peer
         self.timeout = float(timeout)
         self.limits = limits
+        self.wire = FastWire(limits)  # this link's encoder and decoder, and what they remember
         self.meter = ByteMeter()
         self._send_seq = 0
         self._recv_seq = 0
@@ -143,7 +145,7 @@ class Transport(ABC):
     ) -> int:
         """Send one message; returns the bytes it cost on the link."""
         self._check_open()
-        frames = encode(kind, self._send_seq, header, tensors, sid=self.session)
+        frames = self.wire.encode(kind, self._send_seq, header, tensors, sid=self.session)
         self._send_frames(frames, self.timeout if timeout is None else timeout)
         self._send_seq += 1
         nbytes = sum(frame_nbytes(f) for f in frames)
@@ -210,7 +212,7 @@ class Transport(ABC):
         """The message, None for a stranger's (dropped and counted), or `ProtocolError` for a malformed one
         of the session's (or of anyone's before there is a session)."""
         try:
-            msg = decode(frames, self.limits, learn_for=self.session)  # learns the session's layouts
+            msg = self.wire.decode(frames, learn_for=self.session)  # learns the session's layouts
         except ProtocolError as exc:
             nbytes = sum(frame_nbytes(f) for f in frames)
             if self.session is not None and session_of(frames, self.limits) != self.session:

@@ -3,6 +3,11 @@
 `encode` is a pure function from a message to a list of buffers and `decode` its
 inverse. `decode` trusts nothing it is given; see docs/PROTOCOL.md for the byte-level
 description a peer in another language can be written from.
+
+This module is the format as specified and holds no state of a link. What a
+transport remembers to go faster (the encoder's frame-0 prefixes, the layouts its
+session peer's messages passed the whole check with) is `fastwire.FastWire`, one
+per transport, whose frames and decodes are those of `encode` and `decode`.
 """
 
 from __future__ import annotations
@@ -89,10 +94,6 @@ class WireLimits:
     """Message kinds the application accepts (None: any well-formed kind name)."""
 
     def __post_init__(self) -> None:
-        # Layouts of messages that passed the whole check under these limits (`_learn`), and how many each kind
-        # learnt; not fields.
-        object.__setattr__(self, "_known", {})
-        object.__setattr__(self, "_learnt", {})
         for name in ("max_header_bytes", "max_tensors", "max_ndim", "max_tensor_bytes", "max_message_bytes",
                      "max_depth"):
             value = getattr(self, name)
@@ -188,11 +189,14 @@ def _prefix(kind: str, specs: list[list[Any]], sid: int | None) -> bytes:
     return b"".join(parts)
 
 
-_PREFIXES: dict[tuple[Any, ...], bytes] = {}
-"""`_prefix` by (kind, sid, (name, dtype, shape) per tensor): a message like an earlier one packs only its
-sequence number and header. At most `_CACHE_MAX` entries (emptied when full: a stream of ever new shapes,
-compressed frames', cannot grow it)."""
-_CACHE_MAX = 1024
+def _header_frame(prefix: bytes, seq: int, packed_header: bytes) -> bytes:
+    """Frame 0: `_prefix`, then ``s`` and ``h``."""
+    return b"".join((prefix, b"\xa1s", _uint(seq), b"\xa1h", packed_header))
+
+
+def _specs(layout: Sequence[tuple[str, str, tuple[int, ...]]]) -> list[list[Any]]:
+    """Frame 0's ``t``: [name, dtype, shape, frame index] per tensor, from `_encode_parts`' layout."""
+    return [[name, dtype, list(shape), i] for i, (name, dtype, shape) in enumerate(layout, 1)]
 
 
 def encode(
@@ -207,6 +211,20 @@ def encode(
     Tensor frames are zero-copy views of contiguous tensors: the caller must not
     modify a tensor until the frames have been sent.
     """
+    packed_header, layout, frames = _encode_parts(kind, seq, header, tensors, sid)
+    frames[0] = _header_frame(_prefix(kind, _specs(layout), sid), seq, packed_header)
+    return frames
+
+
+def _encode_parts(
+    kind: str,
+    seq: int,
+    header: Mapping[str, Any] | None,
+    tensors: Mapping[str, torch.Tensor] | None,
+    sid: int | None,
+) -> tuple[bytes, list[tuple[str, str, tuple[int, ...]]], list[Any]]:
+    """`encode`'s checks and packing short of frame 0: the packed header, (name, dtype, shape) per tensor, and
+    the frames with a placeholder for frame 0. `ValueError` for anything the format cannot carry."""
     if not _well_formed(_CHECKED_KINDS, _KIND_RE, kind):
         raise ValueError(f"message kind must match {_KIND_RE.pattern!r}, got {kind!r}")
     if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= _MAX_SEQ:
@@ -226,23 +244,14 @@ def encode(
         except (TypeError, ValueError, OverflowError) as exc:
             raise ValueError(f"header of {kind!r} is not msgpack-serialisable: {exc}") from exc
     frames: list[Any] = [b""]
-    key: list[Any] = [kind, sid]
+    layout: list[tuple[str, str, tuple[int, ...]]] = []
     for name, tensor in (tensors or {}).items():
         if not _well_formed(_CHECKED_NAMES, _NAME_RE, name):
             raise ValueError(f"tensor name must match {_NAME_RE.pattern!r}, got {name!r}")
         dtype, shape, buffer = _tensor_frame(name, tensor)
-        key.append((name, dtype, shape))
+        layout.append((name, dtype, shape))
         frames.append(buffer)
-    cached = tuple(key)
-    prefix = _PREFIXES.get(cached)
-    if prefix is None:
-        prefix = _prefix(kind, [[name, dtype, list(shape), i] for i, (name, dtype, shape) in enumerate(key[2:], 1)],
-                         sid)
-        if len(_PREFIXES) >= _CACHE_MAX:
-            _PREFIXES.clear()
-        _PREFIXES[cached] = prefix
-    frames[0] = b"".join((prefix, b"\xa1s", _uint(seq), b"\xa1h", packed_header))
-    return frames
+    return packed_header, layout, frames
 
 
 _CHECKED_KINDS: set[str] = set()
@@ -344,30 +353,13 @@ def _reject_ext(code: int, data: bytes) -> Any:
     raise ProtocolError(f"header frame: expected no msgpack extension types, got ext type {code}")
 
 
-def decode(frames: Sequence[Any], limits: WireLimits = WireLimits(), *, learn_for: int | None = None) -> Message:
-    """Decode and validate one message. Raises `ProtocolError` for anything malformed.
+def decode(frames: Sequence[Any], limits: WireLimits = WireLimits()) -> Message:
+    """Decode and validate one message, of any valid encoding (the whole check, docs/PROTOCOL.md section 5).
+    Raises `ProtocolError` for anything malformed.
 
     Tensors share memory with the frames (no copy) where the frame is suitably
     aligned, so the frames' owners must not reuse their buffers.
-
-    A message laid out as this encoder writes it, whose kind, tensor specs and session id are those of one
-    that took the whole check before (`_decode_checked`) and was learnt, skips the checks those passed and
-    msgpack for all but its header; anything else, and anything that path is not sure of, takes the whole
-    check. ``learn_for``: learn the layout of a message of this session that took the whole check (a
-    transport asks for its session peer's: a stranger's cannot push them out or grow the cache).
     """
-    if limits._known and type(frames) in (list, tuple) and frames:
-        msg = _decode_known(frames, limits)
-        if msg is not None:
-            return msg
-    msg = _decode_checked(frames, limits)
-    if learn_for is not None and msg.sid == learn_for:
-        _learn(frames[0], msg, limits)
-    return msg
-
-
-def _decode_checked(frames: Sequence[Any], limits: WireLimits) -> Message:
-    """`decode`'s whole check, of any valid encoding."""
     if not isinstance(frames, (list, tuple)) and not isinstance(frames, Sequence) or len(frames) == 0:
         raise _fail("message", "at least the header frame", f"{len(frames) if isinstance(frames, Sequence) else frames!r} frames")
     if len(frames) > limits.max_tensors + 1:
@@ -450,145 +442,6 @@ def _message(kind: str, header: dict[str, Any], tensors: dict[str, torch.Tensor]
     msg = object.__new__(Message)
     msg.__dict__.update(kind=kind, header=header, tensors=tensors, seq=seq, nbytes=nbytes, sid=sid)
     return msg
-
-
-_KNOWN_PER_KIND = 8
-"""Most layouts (specs and session id) `_learn` keeps per kind, the oldest learnt replaced first."""
-_KNOWN_KEYS = 256
-"""Most kinds `_learn` keeps layouts of (emptied when full)."""
-_LEARN_PER_KIND = 32
-"""Layouts a kind may learn: one that changes more often (compressed frames' lengths) takes the whole check
-without paying for learning each message too."""
-_LEARN_PREFIX_MAX = 1024
-"""Longest prefix `_learn` keeps: bounds the memory (at most 256 x 8 x 1 KiB) whatever the peer sends."""
-_LEARN_DEPTH_MAX = 64
-"""Deepest ``max_depth`` the known path serves: msgpack unpacks at most 1,024 levels, and a header unpacked
-on its own sits one level shallower than inside frame 0, so a limit near that would let one more through."""
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """What the whole check found of a message's specs and session, to skip next time (`_decode_known`)."""
-
-    prefix: bytes  # frame 0 up to the sequence number (`_prefix`)
-    kind: str
-    specs: tuple[tuple[str, torch.dtype, int, list[int], int, int, bool], ...]
-    # name, dtype, item size, shape, element count, byte length, whether the finite check applies
-    sid: int | None
-    tensor_bytes: int
-
-
-def _learn(header_frame: Any, msg: Message, limits: WireLimits) -> None:
-    """Keep the layout of ``msg`` (decoded from a message whose frame 0 is ``header_frame``, under ``limits``)
-    so that `decode` recognises the next message like it by its leading bytes, when frame 0 begins as this
-    encoder writes it."""
-    if (len(msg.kind) > 31  # not a fixstr: `_decode_known` finds the kind's length in the 7th byte
-            or limits.max_depth > _LEARN_DEPTH_MAX or type(header_frame) not in (bytes, bytearray, memoryview)):
-        return
-    key = bytes(header_frame[: 7 + len(msg.kind)])
-    learnt = limits._learnt.get(key, 0)
-    if learnt >= _LEARN_PER_KIND:
-        return
-    specs, rows = [], []
-    for index, (name, tensor) in enumerate(msg.tensors.items(), start=1):
-        dtype_name, shape = _DTYPE_NAMES[tensor.dtype], list(tensor.shape)
-        specs.append([name, dtype_name, shape, index])
-        rows.append((name, tensor.dtype, _ITEMSIZE[dtype_name], shape, tensor.numel(),
-                     tensor.numel() * _ITEMSIZE[dtype_name], tensor.dtype.is_floating_point and limits.finite))
-    prefix = _prefix(msg.kind, specs, msg.sid)
-    if len(prefix) > _LEARN_PREFIX_MAX or bytes(header_frame[: len(prefix)]) != prefix:
-        return  # too long to keep; or another encoder's key order or encodings: always the whole check
-    known = limits._known
-    layouts = known.get(key, ())
-    if any(layout.prefix == prefix for layout in layouts):
-        return
-    if len(known) >= _KNOWN_KEYS:
-        known.clear()
-        limits._learnt.clear()
-    limits._learnt[key] = learnt + 1
-    if learnt + 1 >= _LEARN_PER_KIND:
-        known[key] = ()  # it changes too often to be worth trying
-        return
-    # A new tuple, not a list changed in place: another thread may be reading the old one.
-    known[key] = (_Layout(prefix, msg.kind, tuple(rows), msg.sid, sum(row[5] for row in rows)),
-                  *layouts[: _KNOWN_PER_KIND - 1])
-
-
-def _decode_known(frames: Sequence[Any], limits: WireLimits) -> Message | None:
-    """The message if it is laid out as one of its kind's layouts in ``limits._known`` (messages that passed
-    the whole check under these ``limits``) and everything that varies passes, else None: the whole check
-    then decides, and says why.
-
-    A layout's prefix is a complete msgpack encoding of the map's first keys, and msgpack is prefix-free: a
-    frame that starts with those bytes holds exactly those values. What follows is checked here: ``s`` (an
-    int in range), ``h`` (one msgpack map of plain data, reaching the frame's end), the frame count, each
-    frame's length, writability and finite values, the message's size."""
-    raw = frames[0]
-    kind = type(raw)
-    if kind is bytes:
-        head = raw
-    elif kind is bytearray:
-        if len(raw) > limits.max_header_bytes:
-            return None
-        head = bytes(raw)
-    elif kind is memoryview:  # of bytes, as msgpack reads it (the whole check refuses wider items)
-        if raw.nbytes > limits.max_header_bytes or raw.itemsize != 1 or not raw.c_contiguous:
-            return None
-        head = bytes(raw)
-    else:
-        return None
-    if len(head) > limits.max_header_bytes or len(head) < 8 or not 0xA1 <= head[6] <= 0xBF:
-        return None
-    layouts = limits._known.get(head[: 7 + head[6] - 0xA0], ())
-    for layout in layouts:
-        if head.startswith(layout.prefix):
-            break
-    else:
-        return None
-    pos = len(layout.prefix)
-    if head[pos : pos + 2] != b"\xa1s" or pos + 2 >= len(head):
-        return None
-    first, pos = head[pos + 2], pos + 3
-    if first < 0x80:
-        seq = first
-    else:
-        width = _UINT_WIDTH.get(first)
-        if width is None:
-            return None
-        seq, pos = int.from_bytes(head[pos : pos + width], "big"), pos + width
-        if seq > _MAX_SEQ:
-            return None
-    if head[pos : pos + 2] != b"\xa1h":
-        return None
-    if head[pos + 2 :] == b"\x80":
-        header: Any = {}
-    else:
-        try:
-            header = msgpack.unpackb(head[pos + 2 :], raw=False, strict_map_key=True, use_list=True,
-                                     ext_hook=_reject_ext, timestamp=0)
-        except Exception:  # garbage, trailing bytes, an ext type: the whole check says which
-            return None
-        if type(header) is not dict or _plain_header_problem(header, limits.max_depth) is not None:
-            return None
-    specs = layout.specs
-    if len(frames) != len(specs) + 1 or len(head) + layout.tensor_bytes > limits.max_message_bytes:
-        return None
-    tensors = {}
-    for index, (name, dtype, itemsize, shape, numel, nbytes, finite) in enumerate(specs, start=1):
-        frame = frames[index]
-        kind = type(frame)
-        if kind is memoryview:
-            if frame.nbytes != nbytes or frame.readonly or frame.itemsize != 1 or not frame.c_contiguous:
-                return None
-        elif kind is not bytearray or len(frame) != nbytes:
-            return None
-        tensor = tensors[name] = _tensor_from_frame(frame, dtype, itemsize, shape, numel)
-        if finite and numel and not _all_finite(tensor, frame):
-            return None
-    return _message(layout.kind, header, tensors, seq, len(head) + layout.tensor_bytes, layout.sid)
-
-
-_UINT_WIDTH = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
 
 
 _NON_FINITE_FROM = {torch.bfloat16: (0x7F80, 0xFF80), torch.float16: (0x7C00, 0xFC00)}

@@ -1,6 +1,6 @@
 """The asynchronous schedule trains on the data its envs and acting policies produced, sample by sample.
 
-Each test runs `tests.schedule.async_probe` (the twin with its Edge and Learner
+Each test runs benchmarks/async_probe.py (the twin with its Edge and Learner
 watched; its docstring lists the invariants (a) to (f)) in a subprocess with a
 timeout. The planted bugs show that each invariant fails when its data is off by
 one step or one version.
@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
+from benchmarks.async_probe import PLANTS
+
 from ..conftest import ROOT, child_env
-from .async_probe import PLANTS
 
 # Three iterations of 2 envs x 32 steps in 2 groups, 2 epochs of 2 minibatches; episodes of 40 steps, so
 # two truncations per env are bootstrapped. fp32 throughout (the default codecs).
@@ -25,7 +26,7 @@ SHORT = [*TINY, "--num-steps", "8", "--total-steps", "48"]
 
 
 def _probe(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tests.schedule.async_probe", *args], cwd=ROOT, env=child_env(),
+    return subprocess.run([sys.executable, "benchmarks/async_probe.py", *args], cwd=ROOT, env=child_env(),
                           capture_output=True, text=True, timeout=180)
 
 

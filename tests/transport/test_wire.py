@@ -15,8 +15,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from splitrl.transport import wire
+from splitrl.transport import fastwire, wire
 from splitrl.transport.errors import ProtocolError
+from splitrl.transport.fastwire import FastWire
 from splitrl.transport.wire import (
     DTYPES,
     PROTOCOL_VERSION,
@@ -752,7 +753,7 @@ def test_a_sparse_tensor_is_refused_with_a_message():
         encode("x", 0, tensors={"t": torch.eye(3).to_sparse()})
 
 
-# -- layouts checked before (`wire._decode_known`) ------------------------------------------------
+# -- layouts checked before (`fastwire.FastWire`, a transport's own) ---------------------------------
 
 def _writable(frames: list, views: list[bool] | None = None) -> list:
     """Frames as the transports deliver them: writable buffers (the path a known layout takes); a memoryview
@@ -761,9 +762,9 @@ def _writable(frames: list, views: list[bool] | None = None) -> list:
     return [memoryview(f) if views and views[i % len(views)] else f for i, f in enumerate(out)]
 
 
-def _outcome(decoder, frames, limits):
+def _outcome(decoder, frames, *limits):
     try:
-        return decoder(frames, limits)
+        return decoder(frames, *limits)
     except ProtocolError as exc:
         return f"ProtocolError: {exc}"
 
@@ -783,9 +784,10 @@ def test_a_layout_checked_before_accepts_and_rejects_exactly_what_the_whole_chec
     kind, seq, header, tensors = message
     tensors = {**tensors, "f": sample(DTYPES[data.draw(st.sampled_from(["float32", "float16", "bfloat16"]))], (3,))}
     limits = WireLimits()
-    decode(_writable(encode(kind, 0, None, tensors, sid)), limits, learn_for=sid)  # the whole check, which learns
+    fast = FastWire(limits)
+    fast.decode(_writable(encode(kind, 0, None, tensors, sid)), learn_for=sid)  # the whole check, which learns
     frames = _writable(encode(kind, seq, header, tensors, sid), views)
-    assert wire._decode_known(frames, limits) is not None  # another sequence number and header: the known path
+    assert fast._decode_known(frames) is not None  # another sequence number and header: the known path
     frames = [bytearray(f) if type(f) is memoryview else f for f in frames]  # mutable, then viewed again
     tail = 4 + len(msgpack.packb(seq)) + len(msgpack.packb(header))  # "s" and "h", after the layout's prefix
     mutation = data.draw(st.sampled_from(["none", "flip", "flip tail", "truncate", "extend", "drop", "add",
@@ -812,7 +814,7 @@ def test_a_layout_checked_before_accepts_and_rejects_exactly_what_the_whole_chec
         frames[i] = bytes(frames[i])
     elif mutation == "wide items" and frames[i] and len(frames[i]) % 2 == 0:
         frames[i] = memoryview(bytearray(frames[i])).cast("H")
-    assert _same(_outcome(decode, frames, limits), _outcome(wire._decode_checked, frames, limits))
+    assert _same(_outcome(fast.decode, frames), _outcome(decode, frames, limits))
 
 
 def _frame0(seq_bytes: bytes, header_bytes: bytes, sid: int = 5) -> bytearray:
@@ -832,10 +834,11 @@ def test_what_a_known_layout_still_checks(case):
     limits = {"over max_message_bytes": WireLimits(max_message_bytes=60),
               "over max_header_bytes": WireLimits(max_header_bytes=45),
               "over max_header_bytes as a view": WireLimits(max_header_bytes=45)}.get(case, WireLimits())
+    fast = FastWire(limits)
     x = sample(torch.bfloat16, (4,))
-    decode(_writable(encode("step", 0, None, {"x": x}, sid=5)), limits, learn_for=5)
+    fast.decode(_writable(encode("step", 0, None, {"x": x}, sid=5)), learn_for=5)
     ok_frames = [_frame0(b"\x07", b"\x80"), bytearray(bytes(encode("x", 0, None, {"x": x})[1]))]
-    assert wire._decode_known(ok_frames, limits) is not None
+    assert fast._decode_known(ok_frames) is not None
     deep = {"a": 1}
     for _ in range(17):
         deep = {"a": deep}
@@ -859,53 +862,65 @@ def test_what_a_known_layout_still_checks(case):
         "not a list of frames": {0: ok_frames[0], 1: ok_frames[1]},
     }[case]
     with pytest.raises(ProtocolError) as checked:
-        wire._decode_checked(frames, limits)
-    with pytest.raises(ProtocolError) as got:
         decode(frames, limits)
+    with pytest.raises(ProtocolError) as got:
+        fast.decode(frames)
     assert str(got.value) == str(checked.value)
 
 
 def test_a_known_layout_skips_the_whole_check_and_its_limits_stay_its_own(monkeypatch):
     tensors = {"features": sample(torch.bfloat16, (4, 8)), "index": sample(torch.int64, (4,))}
-    lax, strict = WireLimits(), WireLimits(kinds={"other"})
-    decode(_writable(encode("step", 0, {"t": 0}, tensors, sid=5)), lax, learn_for=5)
-    monkeypatch.setattr(wire, "_decode_checked", lambda frames, limits: pytest.fail("took the whole check"))
-    msg = decode(_writable(encode("step", 1, {"t": 1, "g": 2}, tensors, sid=5), [False, True, True]), lax)
+    lax, strict = FastWire(WireLimits()), FastWire(WireLimits(kinds={"other"}))
+    lax.decode(_writable(encode("step", 0, {"t": 0}, tensors, sid=5)), learn_for=5)
+    monkeypatch.setattr(fastwire, "decode", lambda frames, limits: pytest.fail("took the whole check"))
+    msg = lax.decode(_writable(encode("step", 1, {"t": 1, "g": 2}, tensors, sid=5), [False, True, True]))
     assert msg.seq == 1 and msg.header == {"t": 1, "g": 2} and msg.sid == 5
     assert all(bitwise_equal(msg.tensors[name], tensors[name]) for name in tensors)
     monkeypatch.undo()
-    with pytest.raises(ProtocolError, match="message kind"):  # learnt under other limits: not these
-        decode(_writable(encode("step", 2, {"t": 2}, tensors, sid=5)), strict)
+    with pytest.raises(ProtocolError, match="message kind"):  # learnt by another transport: not this one's
+        strict.decode(_writable(encode("step", 2, {"t": 2}, tensors, sid=5)))
+    assert FastWire(lax.limits)._decode_known(_writable(encode("step", 2, {"t": 2}, tensors, sid=5))) is None
     other_session = _writable(encode("step", 3, {"t": 3}, tensors, sid=6))
-    assert wire._decode_known(other_session, lax) is None  # another session id is another layout
-    assert decode(other_session, lax).sid == 6
+    assert lax._decode_known(other_session) is None  # another session id is another layout
+    assert lax.decode(other_session).sid == 6
 
 
 def test_only_the_session_s_layouts_are_learnt_and_a_changing_one_not_for_long():
-    limits = WireLimits()
+    fast = FastWire(WireLimits())
     tensors = {"x": sample(torch.float32, (3,))}
-    decode(_writable(encode("step", 0, None, tensors, sid=6)), limits, learn_for=5)  # a stranger's
-    decode(_writable(encode("step", 0, None, tensors)), limits, learn_for=5)  # no session id
-    decode(_writable(encode("step", 0, None, tensors, sid=5)), limits)  # not asked to learn
-    assert not limits._known
+    fast.decode(_writable(encode("step", 0, None, tensors, sid=6)), learn_for=5)  # a stranger's
+    fast.decode(_writable(encode("step", 0, None, tensors)), learn_for=5)  # no session id
+    fast.decode(_writable(encode("step", 0, None, tensors, sid=5)))  # not asked to learn
+    assert not fast.known
     key = bytes(wire._prefix("step", [], 5)[:11])
     for n in range(1, 40):  # a compressed frame's length changes every message
-        decode(_writable(encode("step", n, None, {"z": sample(torch.uint8, (n,))}, sid=5)), limits, learn_for=5)
-        assert len(limits._known[key]) == (min(n, 8) if n < 32 else 0)
-    assert limits._learnt[key] == 32
+        fast.decode(_writable(encode("step", n, None, {"z": sample(torch.uint8, (n,))}, sid=5)), learn_for=5)
+        assert len(fast.known[key]) == (min(n, 8) if n < 32 else 0)
+    assert fast.learnt[key] == 32
 
 
 def test_a_header_frame_that_zmq_hands_over_decodes_as_before():
     zmq = pytest.importorskip("zmq")
     frames = encode("step", 3, {"a": 1}, {"x": sample(torch.bfloat16, (4,))}, sid=5)
-    msg = decode([zmq.Frame(bytes(frames[0])), bytearray(bytes(frames[1]))], WireLimits(), learn_for=5)
+    msg = FastWire(WireLimits()).decode([zmq.Frame(bytes(frames[0])), bytearray(bytes(frames[1]))], learn_for=5)
     assert msg.seq == 3 and msg.header == {"a": 1}
 
 
 def test_the_encoder_s_cached_prefix_is_what_msgpack_packs():
     tensors = {"a": sample(torch.float32, (2, 3)), "b": sample(torch.bfloat16, (5,))}
-    for _ in range(2):  # the first builds the prefix, the second reuses it
-        frames = encode("act", 300, {"t": 7}, tensors, sid=2**20)
+    fast = FastWire(WireLimits())
+    for encoder in (encode, fast.encode, fast.encode):  # the specified one; the fast one builds, then reuses
+        frames = encoder("act", 300, {"t": 7}, tensors, sid=2**20)
         specs = [["a", "float32", [2, 3], 1], ["b", "bfloat16", [5], 2]]
         assert bytes(frames[0]) == msgpack.packb({"v": PROTOCOL_VERSION, "k": "act", "t": specs, "i": 2**20,
                                                   "s": 300, "h": {"t": 7}}, use_bin_type=True)
+
+
+@FUZZ
+@given(message=valid_messages(), sid=st.one_of(st.none(), st.integers(1, 2**32 - 1)))
+def test_a_transport_s_encoder_writes_the_specified_bytes(message, sid):
+    kind, seq, header, tensors = message
+    fast = FastWire(WireLimits())
+    for _ in range(2):  # the first packs the prefix, the second reuses it
+        got = fast.encode(kind, seq, header, tensors, sid)
+        assert [bytes(f) for f in got] == [bytes(f) for f in encode(kind, seq, header, tensors, sid)]

@@ -1,6 +1,6 @@
 """Run the twin (`splitrl train`) with its stages watched, and check that what trains is what happened.
 
-    python -m tests.schedule.async_probe [--hold] [--plant NAME] -- TRAIN_ARGS...
+    python benchmarks/async_probe.py [--hold] [--plant NAME] -- TRAIN_ARGS...
 
 The asynchronous schedule collects the next rollout while the last one trains,
 with acting copies of the encoder and the heads swapped in flight. Nothing in a
@@ -808,7 +808,7 @@ PLANT_STAGES: dict[str, tuple[str, Callable[[Any], None]]] = {
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     own, train_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(prog="python -m tests.schedule.async_probe",
+    parser = argparse.ArgumentParser(prog="python benchmarks/async_probe.py",
                                      description=__doc__.split("\n\n")[0],
                                      epilog="Everything after -- goes to `splitrl train`.")
     parser.add_argument("--hold", action="store_true", help="make the largest lag and in-flight swaps happen")

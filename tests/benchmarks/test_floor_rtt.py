@@ -1,8 +1,8 @@
-"""`python -m splitrl.bench.floor_rtt`: each variant makes its round trips and gives one figure a round."""
+"""`python benchmarks/floor_rtt.py`: each variant makes its round trips and gives one figure a round."""
 
 import pytest
 
-from splitrl.bench.floor_rtt import measure
+from benchmarks.floor_rtt import measure
 
 
 def test_each_variant_gives_a_median_round_trip_a_round():

@@ -1,6 +1,6 @@
 """What several learners exchange: the heads' gradient all-reduce of every minibatch, timed.
 
-    python -m splitrl.bench.learners_bench [--learners L] [--repeats N]
+    python benchmarks/learners_bench.py [--learners L] [--repeats N]
 
 Starts L processes of gloo on loopback (as ``torchrun`` would, one machine) and times the all-reduce that
 every minibatch makes (`splitrl.stages.learners.Learners.sum_gradients`: the heads' parameters of the

@@ -1,6 +1,6 @@
 """Where a framed round trip's time goes: `ZmqTransport` ping-pong over tcp loopback, timed piece by piece.
 
-    python -m splitrl.bench.rtt_breakdown [--size BYTES] [--count N]
+    python benchmarks/rtt_breakdown.py [--size BYTES] [--count N]
 
 The peer (a spawned process) receives and sends back each message as a stage would (decode, then encode);
 this side times, per round trip and as medians in microseconds: ``encode``, ``send`` (the frames into
@@ -50,7 +50,8 @@ def breakdown(size: int = 16384, count: int = 3000) -> dict[str, float]:
     """Median microseconds of each part of ``count`` round trips of one bfloat16 tensor of ``size`` bytes."""
     import torch
 
-    from splitrl.transport import ZmqTransport, wire
+    from splitrl.transport import WireLimits, ZmqTransport
+    from splitrl.transport.fastwire import FastWire
 
     torch.set_num_threads(1)
     spawn = multiprocessing.get_context("spawn")
@@ -64,14 +65,14 @@ def breakdown(size: int = 16384, count: int = 3000) -> dict[str, float]:
     try:
         for _ in range(count + _WARMUP):
             t0 = time.perf_counter_ns()
-            frames = wire.encode("data", link._send_seq, None, {"x": tensor}, sid=link.session)
+            frames = link.wire.encode("data", link._send_seq, None, {"x": tensor}, sid=link.session)
             t1 = time.perf_counter_ns()
             link._send_frames(frames, _TIMEOUT_S)
             link._send_seq += 1
             t2 = time.perf_counter_ns()
             got = link._recv_frames(_TIMEOUT_S)
             t3 = time.perf_counter_ns()
-            wire.decode(got, link.limits, learn_for=_SESSION)
+            link.wire.decode(got, learn_for=_SESSION)
             t4 = time.perf_counter_ns()
             for name, a, b in zip(parts, (t0, t1, t2, t3), (t1, t2, t3, t4)):
                 parts[name].append(b - a)
@@ -86,12 +87,12 @@ def breakdown(size: int = 16384, count: int = 3000) -> dict[str, float]:
             peer.kill()
             peer.join(2.0)
         link.close()
-    frames = wire.encode("data", 0, None, {"x": tensor}, sid=_SESSION)
+    warm = FastWire(WireLimits())  # a transport's encoder and decoder, as `link.wire` is
+    frames = warm.encode("data", 0, None, {"x": tensor}, sid=_SESSION)
     readable = [memoryview(bytes(frames[0])), memoryview(bytearray(frames[1]))]
-    warm = wire.WireLimits()
-    wire.decode(readable, warm, learn_for=_SESSION)
-    for name, call in (("warm encode", lambda: wire.encode("data", 0, None, {"x": tensor}, sid=_SESSION)),
-                       ("warm decode", lambda: wire.decode(readable, warm))):
+    warm.decode(readable, learn_for=_SESSION)
+    for name, call in (("warm encode", lambda: warm.encode("data", 0, None, {"x": tensor}, sid=_SESSION)),
+                       ("warm decode", lambda: warm.decode(readable))):
         result[name] = min(timeit.repeat(call, number=2000, repeat=5)) / 2000 * 1e6
     return result
 

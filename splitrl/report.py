@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import SettingsError
-from ..runs import link_bytes, metric_scalars, newest_evals, run_history, run_settings, summarise_run, summary_writer
+from .errors import SettingsError
+from .runs import link_bytes, metric_scalars, newest_evals, run_history, run_settings, summarise_run, summary_writer
 
 __all__ = ["RunSeries", "load_run", "pyplot", "return_figure", "bytes_figure", "report_table", "write_tensorboard",
            "make_report", "curve_table"]
@@ -57,7 +57,7 @@ class RunSeries:
 
 def _warm_start(settings: dict[str, Any]) -> int | None:
     """The largest ``warm`` of the run's codecs, if any is set (the paper's 30,000 env steps)."""
-    from ..codecs import parse_codec
+    from .codecs import parse_codec
 
     warm = 0
     for stream, spec in (settings.get("codecs") or {}).items():

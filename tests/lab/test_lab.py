@@ -19,7 +19,7 @@ import msgpack
 import pytest
 from click.testing import CliRunner
 
-from splitrl.bench.lab import LabResult, SideBytes, app_bytes_from_metrics, format_report, run_lab
+from splitrl.lab import LabResult, SideBytes, app_bytes_from_metrics, format_report, run_lab
 from splitrl.cli.netem import lab as lab_command
 from splitrl.netem.netns import STAGE1_ADDR, LabNames
 from splitrl.netem.tc import Shaping
@@ -222,7 +222,7 @@ def test_ctrl_c_stops_both_stages_and_removes_the_lab(tmp_path, no_leftovers):
 
 
 def test_a_thin_lab_gives_the_stages_a_heartbeat_a_minibatch_can_cross():
-    from splitrl.bench.lab import LARGEST_MESSAGE, heartbeat_for, stage_commands
+    from splitrl.lab import LARGEST_MESSAGE, heartbeat_for, stage_commands
 
     two = heartbeat_for(2_000_000)
     assert two[0] == "--heartbeat" and 0.4 * float(two[1]) > LARGEST_MESSAGE * 8 / 2_000_000 / 0.956

@@ -1,6 +1,6 @@
-"""One end of the lab's link measurements (`splitrl.bench.lab`), run inside a namespace.
+"""One end of the lab's link measurements (`splitrl.lab.link`), run inside a namespace.
 
-    python -m splitrl.bench.throughput_probe send|recv|ping|echo ENDPOINT COUNT SIZE DEV TIMEOUT
+    python -m splitrl.lab.probe send|recv|ping|echo ENDPOINT COUNT SIZE DEV TIMEOUT
 
 Throughput (send/recv): the receiver binds ``ENDPOINT``; the sender connects,
 sends one warm-up message (connections up, receiver ready), then ``COUNT``

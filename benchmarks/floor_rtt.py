@@ -1,6 +1,6 @@
 """Where a 16 KiB round trip's time goes between raw pyzmq and a transport that hands over tensors.
 
-    python -m splitrl.bench.floor_rtt [--variants one,two,two-wrap,two-check,one-check] [--count 3000] [--rounds 3]
+    python benchmarks/floor_rtt.py [--variants one,two,two-wrap,two-check,one-check] [--count 3000] [--rounds 3]
 
 An echo peer in a spawned process (as the stages are) and this process exchange one bfloat16 payload
 over ZeroMQ tcp on loopback; both ends do the variant's work on each receipt:
@@ -35,7 +35,7 @@ _TIMEOUT_MS = 10_000
 def _on_receipt(variant: str, frames: list[Any]) -> Any:
     import torch
 
-    from ..transport import wire
+    from splitrl.transport import wire
 
     payload = frames[-1]
     if variant in ("two-wrap", "two-check", "one-check"):

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from splitrl.cli import main
-from splitrl.bench.report import curve_table, load_run, make_report
+from splitrl.report import curve_table, load_run, make_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -133,7 +133,7 @@ def test_curve_prints_one_row_per_iteration(tmp_path):
 
 
 def test_the_table_gains_the_held_out_eval_score_where_a_run_has_one(runs: list[Path], tmp_path: Path) -> None:
-    from splitrl.bench.report import report_table
+    from splitrl.report import report_table
     from splitrl.stages.evaluate import append_eval
 
     assert "held-out eval" not in report_table([load_run(run) for run in runs])

@@ -1,6 +1,6 @@
-"""`python -m splitrl.bench.learners_bench`: the learners' all-reduce, timed in real gloo processes."""
+"""`python benchmarks/learners_bench.py`: the learners' all-reduce, timed in real gloo processes."""
 
-from splitrl.bench.learners_bench import allreduce_times
+from benchmarks.learners_bench import allreduce_times
 
 
 def test_the_heads_all_reduce_sums_over_the_learners_and_is_timed():

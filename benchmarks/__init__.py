@@ -1,0 +1,14 @@
+"""Probes that answer one question about splitrl, outside the package: plain scripts, each run as
+
+    python benchmarks/NAME.py [OPTIONS]
+
+with splitrl importable (installed, or ``PYTHONPATH=.`` from the repository's root).
+
+- `floor_rtt`: where a 16 KiB round trip's time goes between raw pyzmq and a transport that hands over tensors.
+- `rtt_breakdown`: one transport round trip taken apart (encode, send, wait, decode, the peer's turnaround).
+- `learners_bench`: the learners' all-reduce, timed in real gloo processes.
+- `async_probe`: the twin with its Edge and Learner watched, checking that what the asynchronous schedule
+  trains on is what its envs and acting policies produced (run by tests/schedule/test_async_alignment.py).
+
+The benchmarks with a ``splitrl bench ...`` command live in `splitrl.bench`.
+"""
