@@ -93,7 +93,8 @@ def resume_point(peer_hello: dict[str, Any], ours: list[int]) -> int:
         raise HandshakeError("the peer does not resume: this side continues a run (--resume, or a rejoin after "
                              "the peer was lost), so start the peer with --resume RUN_DIR too")
     if not isinstance(theirs, list) or not all(isinstance(i, int) for i in theirs):
-        raise ProtocolError(f"hello: expected the peer's checkpoint iterations as a list of ints, got {peer_repr(theirs)}")
+        raise ProtocolError("hello: expected the peer's checkpoint iterations as a list of ints, got "
+                            f"{peer_repr(theirs)}")
     return max(set(ours) & set(theirs), default=0)
 
 

@@ -16,8 +16,8 @@ from ..stages.evaluate import Evaluation
 from ..transport import Message, ProtocolError, Transport
 from ..transport.errors import peer_repr
 
-__all__ = ["torch_thread", "PhaseClock", "expect", "after_progress", "stops", "stage0_after_rollout", "iteration_stats", "IterationLog", "checkpoint_due", "stage0_finish",
-           "stage1_finish", "progress_line"]
+__all__ = ["torch_thread", "PhaseClock", "expect", "after_progress", "stops", "stage0_after_rollout", "iteration_stats",
+           "IterationLog", "checkpoint_due", "stage0_finish", "stage1_finish", "progress_line"]
 
 log = logging.getLogger(__name__)
 
