@@ -6,7 +6,7 @@ The asynchronous schedule collects the next rollout while the last one trains,
 with acting copies of the encoder and the heads swapped in flight. Nothing in a
 run's metrics shows whether a sample's stored observation, outcome, behaviour
 log-probability and version still belong together. This script builds the same
-`Edge` and `Learner` as the twin (`splitrl.schedule.session.make_edge` and
+`Edge` and `Learner` as the twin (`splitrl.runner.build.make_edge` and
 ``make_learner``, patched), wraps methods of those two objects, records each env
 step at the vector env's boundary and keeps a frozen copy of every policy
 version as training leaves it. For every iteration it trains it checks:
@@ -816,10 +816,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(own)
 
     from splitrl.cli.train import train
-    from splitrl.schedule import session
+    from splitrl.runner import build
 
     probe = Probe(hold=args.hold, plant=args.plant)
-    make_edge, make_learner = session.make_edge, session.make_learner
+    make_edge, make_learner = build.make_edge, build.make_learner
 
     def watched_learner(settings: Any, spec: Any) -> Any:
         probe.take_settings(settings)
@@ -832,7 +832,7 @@ def main(argv: list[str] | None = None) -> int:
         probe.watch_edge(edge)
         return edge
 
-    session.make_edge, session.make_learner = watched_edge, watched_learner
+    build.make_edge, build.make_learner = watched_edge, watched_learner
     with tempfile.TemporaryDirectory(prefix="async-probe-") as tmp:
         if "--run-dir" not in train_args and "--resume" not in train_args:
             train_args += ["--run-dir", str(Path(tmp) / "run")]

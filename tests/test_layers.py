@@ -16,6 +16,7 @@ PACKAGE = Path(splitrl.__file__).resolve().parent
 LAYERS: list[tuple[str, ...]] = [
     ("__main__", "cli"),
     ("bench", "plan", "lab", "report"),
+    ("runner",),
     ("schedule",),
     ("stages",),
     ("settings", "models", "envs"),

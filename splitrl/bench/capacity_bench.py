@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from ..launch import free_port
+from ..runner.links import open_link
 from ..schedule.common import expect
-from ..schedule.session import open_link
 from ..settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
 from ..stages import STAGE0, STAGE1, Edge
 from ..transport import Message, PeerAbort, PeerGone

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import msgpack
 
-from ..schedule import session
+from .. import runner as session
 from ..schedule.common import torch_thread
 from ..settings import EnvSettings, PPOSettings, RunOptions, TrainSettings
 from ..stages import LIMITS, STAGE0, STAGE1

@@ -19,7 +19,7 @@ __all__ = ["stage0", "stage1", "train", "run", "curve"]
 @training_options
 def stage0(settings: TrainSettings, options: RunOptions, connect: str) -> None:
     """The edge: environments + encoder. Drives the schedule."""
-    from ..schedule import run_stage0
+    from ..runner import run_stage0
 
     run_cli(lambda: run_stage0(settings, options, connect))
 
@@ -31,7 +31,7 @@ def stage0(settings: TrainSettings, options: RunOptions, connect: str) -> None:
 @training_options
 def stage1(settings: TrainSettings, options: RunOptions, bind: str) -> None:
     """The server: actor-critic heads + PPO learner. Serves one stage0 session."""
-    from ..schedule import run_stage1
+    from ..runner import run_stage1
 
     run_cli(lambda: run_stage1(settings, options, bind))
 
@@ -40,7 +40,7 @@ def stage1(settings: TrainSettings, options: RunOptions, bind: str) -> None:
 @training_options(link=False)
 def train(settings: TrainSettings, options: RunOptions) -> None:
     """Both stages in one process over an in-process link (the single-process twin)."""
-    from ..schedule import train_twin
+    from ..runner import train_twin
 
     run_cli(lambda: train_twin(settings, options))
 

@@ -2,11 +2,11 @@
 
 `sync` is the synchronous schedule (the stages take turns), `pipelined` keeps
 several messages in flight (env groups, micro-batches), `asynchronous` runs the
-next rollout while this iteration trains; `common` holds what their loops share
-and `session` the thin workers that run a schedule in a process, or both sides
-in one (the twin).
+next rollout while this iteration trains, `fleet` serves several edges from one
+stage1 (`roster`: which of its places hold an edge). `training` is stage0's
+minibatch loop, which all of them run; `common` holds what else their loops share.
+The workers that run a schedule in a process, or both sides in one (the twin),
+are `splitrl.runner`'s.
 """
 
-from .session import open_link, prepare, run_stage0, run_stage1, serve_stage0, serve_stage1, train_twin
-
-__all__ = ["open_link", "prepare", "run_stage0", "run_stage1", "serve_stage0", "serve_stage1", "train_twin"]
+__all__: list[str] = []

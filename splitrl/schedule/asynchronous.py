@@ -53,7 +53,8 @@ from ..transport import ProtocolError, Transport
 from ..transport.errors import peer_repr
 from ..transport.channels import Channels
 from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish, torch_thread
-from .pipelined import agree_on_groups, learn_groups, stage0_rollout, stage0_train, stage1_rollout, stage1_train
+from .pipelined import agree_on_groups, learn_groups, stage0_rollout, stage1_rollout, stage1_train
+from .training import microbatches, stage0_train
 
 __all__ = ["stage0_loop", "stage1_loop", "STAGE0_ROUTES", "STAGE1_ROUTES"]
 
@@ -249,11 +250,11 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
             progress.wait(lambda: progress.collected >= iteration, timeout * s.num_iterations,
                           f"the rollout of iteration {iteration}")
             clock = clocks.pop(iteration)
-            schedule = edge.begin_training(iteration)
+            order = edge.begin_training(iteration)
             if edge.trains:
                 if s.schedule.rescore:
                     stage0_rescore(edge, exchange, train_link, clock, iteration)
-                stage0_train(edge, exchange, train_link, clock, schedule,
+                stage0_train(edge, exchange, train_link, clock, order, parts=microbatches(s.schedule.microbatches),
                              on_epoch=lambda epoch, last: publish(iteration, epoch, last))
             checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
             rollout = rollouts.pop(iteration)
@@ -314,11 +315,11 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
             if s.schedule.rescore:
                 stage1_rescore(learner, exchange, train_link, busy, iteration)
             with busy("heads"):
-                schedule = learner.begin_training(iteration)  # GAE, importance-weighted where samples lag
+                order = learner.begin_training(iteration)  # GAE, importance-weighted where samples lag
             if not learner.trains_alone:
-                stage1_train(learner, exchange, train_link, busy, schedule,
+                stage1_train(learner, exchange, train_link, busy, order,
                              on_epoch=lambda epoch, last: publish(iteration, epoch, last, busy))
-            stage1_finish(learner, exchange, train_link, busy, iteration, schedule, run_log, cpu_start,
+            stage1_finish(learner, exchange, train_link, busy, iteration, order, run_log, cpu_start,
                           rollouts.pop(iteration))  # trains alone here
             if learner.trains_alone:
                 publish(iteration, s.ppo.epochs - 1, True, busy)

@@ -16,8 +16,8 @@ from ..stages.evaluate import Evaluation
 from ..transport import Message, ProtocolError, Transport
 from ..transport.errors import peer_repr
 
-__all__ = ["torch_thread", "PhaseClock", "expect", "after_progress", "stops", "stage0_after_rollout", "iteration_stats", "IterationLog", "checkpoint_due", "stage0_finish",
-           "stage1_finish", "progress_line"]
+__all__ = ["torch_thread", "PhaseClock", "expect", "after_progress", "stops", "stage0_after_rollout", "iteration_stats",
+           "IterationLog", "checkpoint_due", "stage0_finish", "stage1_finish", "progress_line"]
 
 log = logging.getLogger(__name__)
 
@@ -110,15 +110,15 @@ def stops(reply: Message, last: bool) -> bool:
 def stage0_after_rollout(edge: Edge, exchange: EdgeExchange, link: Transport, clock: PhaseClock,
                          iteration: int) -> tuple[dict[str, Any], list[list[torch.Tensor]]]:
     """Between stage0's rollout and its training: the replica's update if the exchange has one, the rollout's
-    summary, and training's minibatch schedule. Returns (`Edge.rollout_summary`, the schedule)."""
+    summary, and training's minibatch order. Returns (`Edge.rollout_summary`, the order)."""
     with clock("link"):
         update = expect(link, "heads") if exchange.updates_after_rollout else None
     rollout = edge.rollout_summary()
-    schedule = edge.begin_training(iteration)  # before the update: the replica reads this rollout's view
+    order = edge.begin_training(iteration)  # before the update: the replica reads this rollout's view
     if update is not None:
         with clock("codec"):
             exchange.apply_update(update, {"iteration": iteration})
-    return rollout, schedule
+    return rollout, order
 
 
 def iteration_stats(link: Transport) -> dict[str, Any]:
@@ -146,7 +146,7 @@ def stage0_finish(edge: Edge, exchange: EdgeExchange, link: Transport, clock: Ph
 
 
 def stage1_finish(learner: Learner, exchange: LearnerExchange, link: Transport | Sequence[Transport], busy: PhaseClock,
-                  iteration: int, schedule: list[list[torch.Tensor]], run_log: RunLog | None, cpu_start: float,
+                  iteration: int, order: list[list[torch.Tensor]], run_log: RunLog | None, cpu_start: float,
                   rollout: dict[str, Any], msgs: Sequence[Message] | None = None,
                   extras: Sequence[dict[str, Any]] | None = None) -> None:
     """After ``iter_end`` (from every edge of a fleet, ``link`` a list; ``msgs`` if already received): train alone
@@ -155,7 +155,7 @@ def stage1_finish(learner: Learner, exchange: LearnerExchange, link: Transport |
     if msgs is None:
         msgs = [expect(each, "iter_end", iteration=iteration) for each in links]
     if learner.trains_alone:
-        for epoch, minibatches in enumerate(schedule):
+        for epoch, minibatches in enumerate(order):
             with busy("heads"):
                 stop = learner.train_alone(minibatches)
             for each in links:
@@ -164,7 +164,7 @@ def stage1_finish(learner: Learner, exchange: LearnerExchange, link: Transport |
                 break
     stats = learner.iteration_stats()
     stats["time/heads"] = busy.seconds["heads"]
-    if msgs[0].header.get("checkpoint") and run_log is not None:  # every edge's schedule says the same
+    if msgs[0].header.get("checkpoint") and run_log is not None:  # every edge checkpoints on the same iterations
         run_log.checkpoint(STAGE1, iteration, {**learner.state_dict(rollout), "exchange": exchange.state_dict()})
     stats["cpu/stage1"] = time.process_time() - cpu_start
     heads = None

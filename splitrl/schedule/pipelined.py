@@ -25,8 +25,9 @@ Before the first iteration stage0 measures the round trip (``ping``/``pong``)
 and, with ``--rollout-groups auto``, picks K >= 1 + lag + RTT / (group step time) among
 the divisors of the env count; ``plan`` tells stage1 the K it chose.
 
-The rollout and training halves are functions of their own: the asynchronous
-schedule (`asynchronous.py`) runs the same ones on two threads.
+The rollout and training halves are functions of their own (stage0's training:
+`training.stage0_train` with `training.microbatches`): the asynchronous schedule
+(`asynchronous.py`) runs the same ones on two threads.
 """
 
 from __future__ import annotations
@@ -46,10 +47,11 @@ from ..stages.evaluate import Evaluation
 from ..transport import ProtocolError, Transport
 from ..transport.errors import peer_repr
 from .common import (IterationLog, PhaseClock, checkpoint_due, expect, stage0_after_rollout, stage0_finish,
-                     stage1_finish, stops)
+                     stage1_finish)
+from .training import microbatches, stage0_train
 
 __all__ = ["stage0_loop", "stage1_loop", "agree_on_groups", "learn_groups", "stage0_rollout", "stage1_rollout",
-           "stage0_train", "stage1_train", "choose_groups", "rollout_lag", "PINGS"]
+           "stage1_train", "choose_groups", "rollout_lag", "PINGS"]
 
 log = logging.getLogger(__name__)
 
@@ -215,52 +217,12 @@ def stage1_rollout(learner: Learner, link: Transport, busy: PhaseClock, iteratio
             learner.end_rollout(msg, g)
 
 
-def stage0_train(edge: Edge, exchange: EdgeExchange, link: Transport, clock: PhaseClock,
-                 schedule: list[list[torch.Tensor]], on_epoch: Callable[[int, bool], None] | None = None) -> None:
-    """Every minibatch of one iteration, each in M micro-batches: all forwards out, then each backward.
-    ``on_epoch(epoch, last)`` after each epoch's last optimizer step (``last``: no epoch follows)."""
-    micro = edge.settings.schedule.microbatches
-    for epoch, minibatches in enumerate(schedule):
-        for mb, idx in enumerate(minibatches):
-            sent = []
-            for j, part in enumerate(idx.chunk(micro)):
-                with clock("encoder"):
-                    features = edge.forward(part)
-                with clock("codec"):
-                    out, (tensors, header) = exchange.send(features, part)
-                with clock("link"):
-                    link.send("train_fwd", tensors, {**header, "epoch": epoch, "mb": mb, "j": j})
-                sent.append(out)
-            stop = False
-            for j, out in enumerate(sent):
-                with clock("link"):
-                    reply = expect(link, "train_bwd", epoch=epoch, mb=mb, j=j)
-                stop = stops(reply, mb == len(minibatches) - 1 and j == len(sent) - 1)
-                with clock("codec"):
-                    grad = exchange.grad(out, reply)
-                with clock("encoder"):
-                    edge.backward(out.out, grad)
-            with clock("encoder"):
-                edge.optimizer_step()
-            names = exchange.due(epoch, mb)
-            if names:  # the replica's weights, updated mid-iteration
-                with clock("link"):
-                    update = expect(link, "heads")
-                with clock("codec"):
-                    exchange.apply_update(update, {"iteration": edge.train_iteration, "epoch": epoch, "mb": mb},
-                                          names)
-        if on_epoch is not None:
-            on_epoch(epoch, stop or epoch == len(schedule) - 1)
-        if stop:  # stage1 saw the KL pass --target-kl
-            break
-
-
 def stage1_train(learner: Learner, exchange: LearnerExchange, link: Transport, busy: PhaseClock,
-                 schedule: list[list[torch.Tensor]], on_epoch: Callable[[int, bool], None] | None = None) -> None:
+                 order: list[list[torch.Tensor]], on_epoch: Callable[[int, bool], None] | None = None) -> None:
     """Every minibatch of one iteration: a loss per micro-batch as it arrives, one optimizer step each minibatch.
     ``on_epoch(epoch, last)`` after each epoch's last optimizer step (``last``: no epoch follows)."""
     micro = learner.settings.schedule.microbatches
-    for epoch, minibatches in enumerate(schedule):
+    for epoch, minibatches in enumerate(order):
         for mb, idx in enumerate(minibatches):
             parts = idx.chunk(micro)
             for j, part in enumerate(parts):
@@ -276,7 +238,7 @@ def stage1_train(learner: Learner, exchange: LearnerExchange, link: Transport, b
             if update is not None:
                 link.send("heads", *update)
         if on_epoch is not None:
-            on_epoch(epoch, stop or epoch == len(schedule) - 1)
+            on_epoch(epoch, stop or epoch == len(order) - 1)
         if stop:
             break
 
@@ -295,9 +257,9 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
         clock = PhaseClock()
         metrics.start()
         stage0_rollout(edge, link, clock, iteration)
-        rollout, schedule = stage0_after_rollout(edge, exchange, link, clock, iteration)
+        rollout, order = stage0_after_rollout(edge, exchange, link, clock, iteration)
         if edge.trains:
-            stage0_train(edge, exchange, link, clock, schedule)
+            stage0_train(edge, exchange, link, clock, order, parts=microbatches(s.schedule.microbatches))
         checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
         stats = stage0_finish(edge, exchange, link, clock, iteration, checkpoint, rollout, evaluation)
         metrics.end(iteration, clock, stats, rollout)
@@ -314,12 +276,12 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
         stage1_rollout(learner, link, busy, iteration)
         rollout = learner.rollout_summary()
         with busy("heads"):
-            schedule = learner.begin_training(iteration)  # GAE
+            order = learner.begin_training(iteration)  # GAE
             update = exchange.update()
         if update is not None:
             link.send("heads", *update)
         if not learner.trains_alone:
-            stage1_train(learner, exchange, link, busy, schedule)
-        stage1_finish(learner, exchange, link, busy, iteration, schedule, run_log, cpu_start, rollout)
+            stage1_train(learner, exchange, link, busy, order)
+        stage1_finish(learner, exchange, link, busy, iteration, order, run_log, cpu_start, rollout)
     expect(link, "close")
     return s.num_iterations

@@ -2,7 +2,8 @@
 
 Both loops are here, stage0's first. Read them side by side: every ``send`` on
 one side is an ``expect`` on the other, in the same order (docs/PROTOCOL.md
-section 11). Stage0 drives; stage1 reacts. Per iteration:
+section 11); stage0's training minibatches are `training.stage0_train`'s, each
+in one part. Stage0 drives; stage1 reacts. Per iteration:
 
 1. rollout: ``num_steps`` round trips (features -> action), then ``rollout_end``;
 2. training: ``epochs x minibatches`` round trips (``train_fwd`` -> ``train_bwd``),
@@ -23,7 +24,8 @@ from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..stages.evaluate import Evaluation
 from ..transport import Transport
 from .common import (IterationLog, PhaseClock, checkpoint_due, expect, stage0_after_rollout, stage0_finish,
-                     stage1_finish, stops)
+                     stage1_finish)
+from .training import stage0_train
 
 __all__ = ["stage0_loop", "stage1_loop", "stage0_rollout"]
 
@@ -58,33 +60,11 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
 
         # -- rollout: one round trip per env step ------------------------------------
         stage0_rollout(edge, link, clock, iteration)
-        rollout, schedule = stage0_after_rollout(edge, exchange, link, clock, iteration)  # and the replica's update
+        rollout, order = stage0_after_rollout(edge, exchange, link, clock, iteration)  # and the replica's update
 
         # -- training: one round trip per minibatch ------------------------------------
         if edge.trains:
-            for epoch, minibatches in enumerate(schedule):
-                for mb, idx in enumerate(minibatches):
-                    with clock("encoder"):
-                        features = edge.forward(idx)
-                    with clock("codec"):
-                        sent, (tensors, header) = exchange.send(features, idx)
-                    with clock("link"):
-                        link.send("train_fwd", tensors, {**header, "epoch": epoch, "mb": mb})
-                        reply = expect(link, "train_bwd", epoch=epoch, mb=mb)
-                    stop = stops(reply, mb == len(minibatches) - 1)
-                    with clock("codec"):
-                        grad = exchange.grad(sent, reply)
-                    with clock("encoder"):
-                        edge.backward(sent.out, grad)
-                        edge.optimizer_step()
-                    names = exchange.due(epoch, mb)
-                    if names:  # the replica's weights, updated mid-iteration
-                        with clock("link"):
-                            update = expect(link, "heads")
-                        with clock("codec"):
-                            exchange.apply_update(update, {"iteration": iteration, "epoch": epoch, "mb": mb}, names)
-                if stop:  # stage1 saw the KL pass --target-kl
-                    break
+            stage0_train(edge, exchange, link, clock, order)
 
         # -- iteration end: iter_end -> stage1's statistics, checkpoints, the metrics line --
         checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
@@ -111,14 +91,14 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
         with busy("heads"):
             learner.end_rollout(msg)
             rollout = learner.rollout_summary()
-            schedule = learner.begin_training(iteration)  # GAE
+            order = learner.begin_training(iteration)  # GAE
             update = exchange.update()
         if update is not None:
             link.send("heads", *update)
 
         # -- training: one PPO update per minibatch, on what stage0 sends --------------
         if not learner.trains_alone:
-            for epoch, minibatches in enumerate(schedule):
+            for epoch, minibatches in enumerate(order):
                 for mb, idx in enumerate(minibatches):
                     msg = expect(link, "train_fwd", epoch=epoch, mb=mb)
                     with busy("heads"):
@@ -135,6 +115,6 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
                     break
 
         # -- iteration end (with the cut before the first layer, stage1 trains now) ----
-        stage1_finish(learner, exchange, link, busy, iteration, schedule, run_log, cpu_start, rollout)
+        stage1_finish(learner, exchange, link, busy, iteration, order, run_log, cpu_start, rollout)
     expect(link, "close")
     return s.num_iterations

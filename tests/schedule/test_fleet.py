@@ -9,7 +9,7 @@ import torch
 from splitrl.envs import inspect_env
 from splitrl.launch import free_port
 from splitrl.runs import load_checkpoint, summarise_run
-from splitrl.schedule import session
+from splitrl.runner import joining
 from splitrl.settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
 from splitrl.stages import Edge, Learner
 from splitrl.stages.learner import _invariant_rows
@@ -108,7 +108,7 @@ def test_a_fleet_run_resumed_ends_bit_for_bit_where_it_would_have(tmp_path, spaw
 def test_a_resumed_fleet_starts_from_the_newest_iteration_stage1_and_every_edge_hold():
     """An edge interrupted while it wrote its checkpoint lacks the newest one stage1 has: all go back one; an
     edge that does not resume is dropped (here: the run cannot go on without it)."""
-    from splitrl.schedule.fleet import Roster
+    from splitrl.schedule.roster import Roster
     from splitrl.transport.local import LocalTransport
 
     pairs = [LocalTransport.pair("stage1", "stage0", timeout=5) for _ in range(2)]
@@ -127,7 +127,7 @@ def test_a_resumed_fleet_starts_from_the_newest_iteration_stage1_and_every_edge_
 def test_a_stale_edge_does_not_send_a_resumed_fleet_back_to_the_start():
     """An edge dropped earlier in the run kept only old checkpoints: the fleet goes on from the newest point
     --min-edges of them hold, without it; no such point is an error, not a silent start from scratch."""
-    from splitrl.schedule.fleet import Roster
+    from splitrl.schedule.roster import Roster
     from splitrl.transport.local import LocalTransport
 
     pairs = [LocalTransport.pair("stage1", "stage0", timeout=5) for _ in range(3)]
@@ -285,7 +285,7 @@ def test_a_fleet_iteration_is_every_edges_rollout_and_its_edge_ids_are_checked()
     settings.validate(RunOptions(rejoin=10, min_edges=2))
     settings.validate(RunOptions(heartbeat=0))  # stage1, and `run`, which gives each edge its id
     with pytest.raises(ValueError, match="need --heartbeat > 0"):  # an edge that must find its place
-        session.join_fleet(RunOptions(heartbeat=0), "tcp://127.0.0.1:5555", 3)
+        joining.join_fleet(RunOptions(heartbeat=0), "tcp://127.0.0.1:5555", 3)
 
 
 def test_each_edge_meets_stage1_on_a_port_pair_of_its_own():
@@ -409,7 +409,7 @@ class _FakeLink:
 
 def test_acting_as_edges_come_drops_an_edge_that_is_gone_or_silent_past_its_timeout():
     """`Roster.check`, what the as-they-come rollout asks of edges whose step has not come."""
-    from splitrl.schedule.fleet import Roster
+    from splitrl.schedule.roster import Roster
     from splitrl.transport import PeerGone
 
     class Silent(_FakeLink):
@@ -434,7 +434,7 @@ def _started(roster):
 
 
 def test_a_roster_drops_an_edge_that_fails_and_ends_the_run_below_min_edges():
-    from splitrl.schedule.fleet import Roster
+    from splitrl.schedule.roster import Roster
     from splitrl.transport import PeerGone, ProtocolError
 
     links = [_FakeLink([Message("iter_end", {"iteration": 1}, {})]), _FakeLink(error=PeerGone("edge 1 is gone")),
@@ -581,7 +581,7 @@ def test_a_hello_is_answered_when_the_edges_receiving_connection_comes_up_after_
 
     import zmq
 
-    from splitrl.schedule.fleet import Roster
+    from splitrl.schedule.roster import Roster
     from splitrl.stages.protocol import LIMITS
     from splitrl.transport.handshake import PROTOCOL_VERSION, settings_hash
     from splitrl.transport.wire import decode, encode

@@ -163,7 +163,7 @@ def _collectives(rank: int, init: str, results) -> None:
         except SettingsError as exc:
             out["drift"] = str(exc)
         # A resumed fleet where learner 1 lost its checkpoints: both refuse, and no edge is told to start over.
-        from splitrl.schedule.fleet import Roster
+        from splitrl.schedule.roster import Roster
         from splitrl.transport.local import LocalTransport
 
         stage1, edge = LocalTransport.pair("stage1", "stage0", timeout=5)
@@ -247,7 +247,7 @@ def test_a_stage1_that_asks_for_learners_torchrun_did_not_start_says_how(monkeyp
 
 def test_several_learners_without_a_run_directory_are_refused_before_they_meet(monkeypatch):
     """Each would choose runs/<time>-<env> by itself; refused before any rendezvous (nothing to wait for)."""
-    from splitrl.schedule.session import join_learners
+    from splitrl.runner.joining import join_learners
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(SettingsError, match="several learners need --run-dir"):

@@ -77,10 +77,10 @@ def test_the_twin_killed_mid_run_and_resumed_ends_bit_for_bit_where_it_would_hav
 
 def _common(run):
     """The newest iteration both stages completed: stage0's checkpoint counts once its metrics record is written
-    (a kill between the two redoes that iteration, `_recorded_checkpoints`)."""
-    from splitrl.schedule.session import _recorded_checkpoints
+    (a kill between the two redoes that iteration, `recorded_checkpoints`)."""
+    from splitrl.runner.rundir import recorded_checkpoints
 
-    return max(set(_recorded_checkpoints(run)) & set(checkpoint_iterations(run, "stage1")), default=0)
+    return max(set(recorded_checkpoints(run)) & set(checkpoint_iterations(run, "stage1")), default=0)
 
 
 @pytest.mark.parametrize("victim", ["stage0", "stage1"])
@@ -178,15 +178,15 @@ def test_a_checkpoint_without_its_metrics_record_is_not_resumed_from(tmp_path):
     (seen once in CI under load: the resumed run's metrics had no iteration 3)."""
     import json
 
-    from splitrl.schedule.session import _recorded_checkpoints
+    from splitrl.runner.rundir import recorded_checkpoints
 
     (tmp_path / "checkpoints").mkdir()
     for it in (2, 3):
         for suffix in (".pt", ".pt.sha256"):
             (tmp_path / "checkpoints" / f"stage0-iter{it:05d}{suffix}").write_text("x")
-    assert _recorded_checkpoints(tmp_path) == []  # no metrics at all
+    assert recorded_checkpoints(tmp_path) == []  # no metrics at all
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i}) + "\n" for i in (1, 2)))
-    assert _recorded_checkpoints(tmp_path) == [2]
+    assert recorded_checkpoints(tmp_path) == [2]
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"iteration": 3}) + "\n")
-    assert _recorded_checkpoints(tmp_path) == [2, 3]
+    assert recorded_checkpoints(tmp_path) == [2, 3]

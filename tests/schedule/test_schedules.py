@@ -9,7 +9,8 @@ import torch
 
 from splitrl.launch import free_port_pair
 from splitrl.runs import load_checkpoint, read_metrics
-from splitrl.schedule import asynchronous, pipelined, session
+from splitrl.runner import build, train_twin
+from splitrl.schedule import asynchronous, pipelined
 from splitrl.schedule.pipelined import choose_groups, rollout_lag
 from splitrl.settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
 
@@ -74,8 +75,8 @@ def test_pipelined_split_matches_its_twin_bit_for_bit(tmp_path, spawn):
 
 def _train_in_process(run_dir, settings, monkeypatch=None, mode=None):
     if mode is not None:
-        monkeypatch.setitem(session.SCHEDULES, "sync", mode)
-    session.train_twin(settings, RunOptions(run_dir=str(run_dir), threads=1, checkpoint_every=1))
+        monkeypatch.setitem(build.SCHEDULES, "sync", mode)
+    train_twin(settings, RunOptions(run_dir=str(run_dir), threads=1, checkpoint_every=1))
 
 
 def _tiny(**schedule):

@@ -13,7 +13,8 @@ import torch
 from splitrl.launch import free_port_pair
 from splitrl.envs import EnvSpec
 from splitrl.settings import EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
-from splitrl.schedule import prepare, session
+from splitrl import runner as session
+from splitrl.runner import prepare
 from splitrl.schedule.sync import stage1_loop
 from splitrl.stages import LIMITS, Learner, learner_exchange
 from splitrl.transport import ProtocolError

@@ -1,0 +1,40 @@
+"""What a worker builds from the settings: the stages' compute objects, with as many rollout slots and acting
+copies as the schedule needs, and the schedule that drives them."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from ..envs import EnvSpec
+from ..runs import RunLog
+from ..schedule import asynchronous, fleet, pipelined, sync
+from ..settings import RunOptions, TrainSettings
+from ..stages import Edge, Learner
+from ..stages.evaluate import Evaluation
+
+__all__ = ["SCHEDULES", "make_edge", "make_learner", "make_evaluation"]
+
+SCHEDULES: dict[str, ModuleType] = {"sync": sync, "pipelined": pipelined, "async": asynchronous, "fleet": fleet}
+"""``settings.schedule.mode`` -> the module whose ``stage0_loop`` / ``stage1_loop`` run it."""
+
+
+def make_edge(settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None, options: RunOptions,
+              edge: int = 0) -> Edge:
+    """Stage0's compute (edge ``edge`` of a fleet), with as many rollout slots and acting copies as the schedule
+    needs."""
+    concurrent = settings.schedule.mode == "async"
+    return Edge(settings, spec, run_log, vector=options.vector, acting_copy=concurrent,
+                slots=settings.schedule.max_staleness + 1 if concurrent else 1, edge=edge)
+
+
+def make_evaluation(settings: TrainSettings, spec: EnvSpec, options: RunOptions) -> Evaluation | None:
+    """Stage0's scoring during training, if ``--eval-every`` asks for it."""
+    return Evaluation(settings, spec, options.eval_every, options.eval_episodes) if options.eval_every else None
+
+
+def make_learner(settings: TrainSettings, spec: EnvSpec) -> Learner:
+    """Stage1's compute, with as many rollout slots and acting copies as the schedule needs; a fleet's learns as
+    one edge with all the edges' envs (`TrainSettings.fleet_view`)."""
+    concurrent = settings.schedule.mode == "async"
+    return Learner(settings.fleet_view(), spec, acting_copy=concurrent,
+                   slots=settings.schedule.max_staleness + 1 if concurrent else 1)

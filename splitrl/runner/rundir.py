@@ -1,0 +1,109 @@
+"""A run's directory: checked and prepared before any socket opens, and where a resumed run goes on from.
+
+`prepare` refuses a directory that holds a run already, unless the run resumes (its settings must be
+this run's, but for ``total_steps``) or overwrites it. `resume_point` is the newest iteration both stages
+hold a checkpoint of; `recorded_checkpoints` says which of stage0's count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..envs import EnvSpec, inspect_env
+from ..runs import RunLog, check_fresh, checkpoint_iterations, default_run_dir, read_metrics
+from ..settings import RunOptions, SettingsError, TrainSettings
+from ..stages import STAGE0, STAGE1
+from ..transport import ProtocolError
+from ..transport.errors import peer_repr
+from ..transport.handshake import HandshakeError
+
+__all__ = ["prepare", "resume_point", "recorded_checkpoints"]
+
+
+def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[EnvSpec, RunLog]:
+    """Check everything before any socket opens; set threads; write the config file.
+
+    A run directory that holds a run already is refused, unless ``--resume`` (its settings must be
+    this run's, but for ``total_steps``) or ``--overwrite`` (its metrics, episodes and checkpoints go)."""
+    settings.validate(options)
+    spec = inspect_env(settings.env)
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    run_dir = options.resume or options.run_dir or default_run_dir(settings.env.env_id)
+    config_name = "config.json" if role == "twin" else f"config-{role}.json"
+    if options.resume:
+        _check_resumable(Path(run_dir), config_name, settings)
+    elif options.overwrite:
+        _clear(Path(run_dir))
+    else:
+        check_fresh(run_dir)
+    # stage0 writes the metrics (stage1's keys ride on them), so TensorBoard is stage0's, or the twin's.
+    run_log = RunLog(run_dir, keep=options.keep_checkpoints, tensorboard=options.tensorboard and role != STAGE1)
+    config: dict[str, Any] = {
+        "settings": settings.to_dict(),
+        "options": dataclasses.asdict(options),
+        "env_spec": dataclasses.asdict(spec),
+        "torch_threads": torch.get_num_threads(),
+    }
+    run_log.write_config(config, config_name)
+    return spec, run_log
+
+
+def _check_resumable(run_dir: Path, config_name: str, settings: TrainSettings) -> None:
+    path = run_dir / config_name
+    if not path.exists():
+        raise SettingsError(f"--resume {run_dir}: no {config_name} there (is it this stage's run directory?)")
+    # A run made before a setting existed ran with its default: it reads back as such.
+    saved = _flatten(TrainSettings.from_dict(json.loads(path.read_text())["settings"]).to_dict())
+    now = _flatten(settings.to_dict())
+    differ = [f"{key}: the run has {saved.get(key)!r}, now {now.get(key)!r}" for key in sorted(set(saved) | set(now))
+              if key != "total_steps" and saved.get(key) != now.get(key)]
+    if differ:
+        raise SettingsError(f"--resume {run_dir}: the settings differ from the run's (only --total-steps may): "
+                         + "; ".join(differ))
+
+
+def _flatten(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def _clear(run_dir: Path) -> None:
+    for name in ("metrics.jsonl", "episodes.jsonl"):
+        (run_dir / name).unlink(missing_ok=True)
+    if (run_dir / "checkpoints").is_dir():
+        shutil.rmtree(run_dir / "checkpoints")
+
+
+def resume_point(peer_hello: dict[str, Any], ours: list[int]) -> int:
+    """The newest iteration both stages have a checkpoint of (0: none)."""
+    theirs = peer_hello.get("checkpoints")
+    if theirs is None:
+        raise HandshakeError("the peer does not resume: this side continues a run (--resume, or a rejoin after "
+                             "the peer was lost), so start the peer with --resume RUN_DIR too")
+    if not isinstance(theirs, list) or not all(isinstance(i, int) for i in theirs):
+        raise ProtocolError("hello: expected the peer's checkpoint iterations as a list of ints, got "
+                            f"{peer_repr(theirs)}")
+    return max(set(ours) & set(theirs), default=0)
+
+
+def recorded_checkpoints(run_dir: Path) -> list[int]:
+    """Stage0's checkpoints whose iteration has its metrics record: the checkpoint is written before the record
+    (the record needs stage1's statistics, which come with the end of the iteration), so a run stopped between the
+    two resumes from the checkpoint before, and redoes that iteration, rather than leave a hole in metrics.jsonl."""
+    try:
+        recorded = {int(r["iteration"]) for r in read_metrics(run_dir)}
+    except ValueError:  # no metrics.jsonl: no iteration was recorded
+        recorded = set()
+    return [i for i in checkpoint_iterations(run_dir, STAGE0) if i in recorded]

@@ -1,0 +1,100 @@
+"""Stage0's training: every minibatch of an iteration through the encoder and back, as every schedule runs it.
+
+For each minibatch stage0 forwards its parts (`Parts`) and sends their features (``train_fwd``), all of them
+before the first reply, so stage1's heads work on part j while stage0 forwards j + 1; then it back-propagates
+each gradient as it comes back (``train_bwd``) and ends the minibatch (`Step`). The parts are the whole
+minibatch (`whole`: the synchronous schedule), its micro-batches (`microbatches`: the pipelined and
+asynchronous schedules, GPipe), or a fleet's edge's share of it (`splitrl.schedule.fleet`). The step is one
+optimizer step and the replica's update where one is due (`local_step`), or a fleet's gradient sum or
+average.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..stages import Edge, EdgeExchange
+from ..transport import Transport
+from .common import PhaseClock, expect, stops
+
+__all__ = ["Part", "Parts", "Step", "whole", "microbatches", "local_step", "stage0_train"]
+
+Part = tuple[torch.Tensor, torch.Tensor, dict[str, int]]
+"""(the rows this edge forwards, the indices their features are sent with, what the part's messages' headers add)."""
+
+Parts = Callable[[torch.Tensor], list[Part]]
+"""A minibatch's indices -> its parts, in the order they are sent (none: this edge holds no sample of it)."""
+
+Step = Callable[[int, int, int, bool, bool], bool]
+"""``step(epoch, mb, minibatches, forwarded, stop)``, once minibatch ``mb`` (of the epoch's ``minibatches``) has
+its gradients in the encoder: ``forwarded``, whether this edge forwarded any part of it; ``stop``, whether
+stage1's last ``train_bwd`` ended the epochs. Returns whether the epochs end."""
+
+
+def whole(idx: torch.Tensor) -> list[Part]:
+    """The minibatch in one message each way."""
+    return [(idx, idx, {})]
+
+
+def microbatches(micro: int) -> Parts:
+    """The minibatch in ``micro`` micro-batches, each message tagged with its ``j`` (also with one)."""
+
+    def parts(idx: torch.Tensor) -> list[Part]:
+        return [(part, part, {"j": j}) for j, part in enumerate(idx.chunk(micro))]
+
+    return parts
+
+
+def local_step(edge: Edge, exchange: EdgeExchange, link: Transport, clock: PhaseClock) -> Step:
+    """One optimizer step with the minibatch's gradient, then the replica's weights if the exchange updates
+    them after this minibatch (``heads``)."""
+
+    def step(epoch: int, mb: int, minibatches: int, forwarded: bool, stop: bool) -> bool:
+        with clock("encoder"):
+            edge.optimizer_step()
+        names = exchange.due(epoch, mb)
+        if names:  # the replica's weights, updated mid-iteration
+            with clock("link"):
+                update = expect(link, "heads")
+            with clock("codec"):
+                exchange.apply_update(update, {"iteration": edge.train_iteration, "epoch": epoch, "mb": mb}, names)
+        return stop
+
+    return step
+
+
+def stage0_train(edge: Edge, exchange: EdgeExchange, link: Transport, clock: PhaseClock,
+                 order: list[list[torch.Tensor]], *, parts: Parts = whole, step: Step | None = None,
+                 on_epoch: Callable[[int, bool], None] | None = None) -> None:
+    """Every minibatch of one iteration (``order``: `Edge.begin_training`'s minibatch order, one list an epoch):
+    each of its ``parts`` forwarded and sent, then each gradient back-propagated as it arrives, then ``step``
+    (default: `local_step`). ``on_epoch(epoch, last)`` after each epoch's last step (``last``: no epoch
+    follows)."""
+    step = step or local_step(edge, exchange, link, clock)
+    for epoch, minibatches in enumerate(order):
+        for mb, idx in enumerate(minibatches):
+            sent = []
+            for rows, sent_idx, tag in parts(idx):
+                with clock("encoder"):
+                    features = edge.forward(rows)
+                with clock("codec"):
+                    out, (tensors, header) = exchange.send(features, sent_idx)
+                with clock("link"):
+                    link.send("train_fwd", tensors, {**header, "epoch": epoch, "mb": mb, **tag})
+                sent.append((out, tag))
+            stop = False
+            for k, (out, tag) in enumerate(sent):
+                with clock("link"):
+                    reply = expect(link, "train_bwd", epoch=epoch, mb=mb, **tag)
+                stop = stops(reply, mb == len(minibatches) - 1 and k == len(sent) - 1)
+                with clock("codec"):
+                    grad = exchange.grad(out, reply)
+                with clock("encoder"):
+                    edge.backward(out.out, grad)
+            stop = step(epoch, mb, len(minibatches), bool(sent), stop)
+        if on_epoch is not None:
+            on_epoch(epoch, stop or epoch == len(order) - 1)
+        if stop:  # stage1 saw the KL pass --target-kl
+            break
