@@ -8,6 +8,7 @@ of waiting out its timeout.
 from __future__ import annotations
 
 import logging
+import time
 
 from ..envs import EnvSpec
 from ..runs import RunLog, checkpoint_iterations, load_checkpoint
@@ -122,20 +123,25 @@ def run_stage1(settings: TrainSettings, options: RunOptions, bind: str) -> int:
     learner = build.make_learner(settings, spec)
     with open_link(options, bind, bind=True, peer="stage0") as link:
         log.info("[stage1] listening on %s (%s)", link.endpoint, options.transport)
-        resume, start_timeout, rejoining = bool(options.resume), options.start_timeout, False
+        resume, rejoining = bool(options.resume), False
+        deadline = time.monotonic() + options.start_timeout
         while True:
             try:
-                return serve_stage1(learner, link, run_log, start_timeout=start_timeout, resume=resume)
+                return serve_stage1(learner, link, run_log, start_timeout=max(deadline - time.monotonic(), 0.0),
+                                    resume=resume)
             except (PeerGone, HandshakeError) as exc:
                 if isinstance(exc, PeerGone) and options.rejoin and link.session is not None:
                     # The iteration in progress is lost with stage0; both go on from their newest common checkpoint.
                     log.warning("[stage1] %s; waiting up to %.0f s for stage0 to rejoin (restarted with --resume %s)",
                                 exc, options.rejoin, run_log.dir)
-                elif isinstance(exc, HandshakeError) and rejoining:
-                    log.warning("[stage1] refused a stage0 that cannot rejoin (%s); still waiting up to %.0f s",
-                                exc, options.rejoin)
+                    resume, rejoining, deadline = True, True, time.monotonic() + options.rejoin
+                elif isinstance(exc, HandshakeError):
+                    # A failed hello is a stranger's (another run's stage0, a stray client): stage1's answer told
+                    # it why; the stage0 this stage1 waits for may still come before the same deadline.
+                    log.warning("[stage1] refused a peer whose hello failed (%s); still waiting %.0f s for %s",
+                                exc, max(deadline - time.monotonic(), 0.0),
+                                "stage0 to rejoin" if rejoining else "stage0")
                 else:
                     raise
                 link.new_session()
                 learner = build.make_learner(settings, spec)
-                resume, start_timeout, rejoining = True, options.rejoin, True

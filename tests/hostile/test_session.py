@@ -135,3 +135,27 @@ def test_a_stage1_that_loses_its_stage0_mid_run_waits_for_it_with_rejoin(spawn, 
     kind, header, _ = third.recv()
     assert kind == "hello" and header.get("checkpoints") == [] and third.sid is not None
     stage1.wait_for("resuming after iteration 0", timeout=30)
+
+
+@pytest.mark.parametrize("hello", ["other settings", "stage1's role"])
+def test_a_waiting_stage1_survives_a_strangers_wrong_hello_and_serves_its_stage0(spawn, raw_peers, endpoint, tmp_path,
+                                                                                hello):
+    """Before a session, a hello that fails (other settings, the wrong role) is a stranger's: stage1 answers it,
+    says so once, and keeps waiting for the stage0 it serves, which then trains to the end."""
+    stage1 = _stage1(spawn, endpoint, tmp_path)
+    stranger = raw_peers(endpoint, bind=False)
+    if hello == "other settings":
+        stranger.hello("stage0", {**SETTINGS.shared(), "seed": 99})
+    else:
+        stranger.hello("stage1", SETTINGS.shared())
+    kind, _, _ = stranger.recv()  # stage1's answer: the stranger learns why before it goes
+    assert kind == "hello"
+    stranger.close()
+    stage1.wait_for("refused a peer whose hello failed", timeout=30)
+    assert stage1.popen.poll() is None  # before: stage1 exited 1 here
+    stage0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(tmp_path / "s0"), *SETTINGS.to_argv(), *OPTIONS)
+    code, out = stage0.finish(timeout=180)
+    assert code == 0, out
+    code, out = stage1.finish(timeout=60)
+    assert code == 0, out
+    assert out.count("refused a peer whose hello failed") == 1
