@@ -1,5 +1,6 @@
-# One image for both stages: splitrl in a venv at /opt/venv, tc (iproute2) for shaping, and
-# docker/entrypoint.sh, which shapes eth0 from NETEM_* variables before running the command.
+# One image for both stages: splitrl in a venv at /opt/venv, tc (iproute2) for shaping, setpriv
+# (util-linux) for a fleet edge's own uid, and docker/entrypoint.sh, which shapes eth0 from NETEM_*
+# variables before running the command.
 # compose.yaml runs two containers of it, stage1 and stage0, on a bridge network.
 #
 # Anywhere with network access (python:3.11-slim; the Python dependencies from PyPI, pinned by
@@ -45,7 +46,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends iproute2 \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends iproute2 util-linux \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=deps /opt/venv /opt/venv
 WORKDIR /src
