@@ -39,8 +39,8 @@ from ..runs import EMA_DECAY, RunLog
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
 from .autoencoder import pack_sample, sampled
-from .episodes import Episodes
 from .budget import TRAINING, LinkBudget, switch
+from .episodes import Episodes
 from .fleet_encoder import EdgeEncoder
 from .protocol import Payload, tensor
 from .versions import PolicyVersions

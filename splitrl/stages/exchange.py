@@ -63,10 +63,12 @@ class LearnerSide(Protocol):
     codecs: CodecSet
     heads: ActorCriticHeads
     autoencoder: Autoencoder | None
-    stats: dict[str, list[float]]
-    """The iteration's statistics, by key (an autoencoder's fit adds its own)."""
     train_iteration: int
     """The iteration being trained on."""
+
+    @property
+    def stats(self) -> dict[str, list[float]]:
+        """The iteration's statistics, by key (an autoencoder's fit adds its own)."""
 
     @property
     def exchange(self) -> Exchange:
