@@ -2,11 +2,12 @@
 
 from .buffer import RolloutBuffer, minibatch_schedule, shuffled_minibatches
 from .distributions import LOG_STD_MAX, LOG_STD_MIN, Categorical, TanhGaussian, clamp_log_std
-from .gae import compute_gae
+from .gae import compute_gae, importance_weights
 from .losses import LOSS_STATS, anneal, explained_variance, ppo_loss
 
 __all__ = [
     "compute_gae",
+    "importance_weights",
     "TanhGaussian",
     "Categorical",
     "LOG_STD_MIN",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["compute_gae"]
+__all__ = ["compute_gae", "importance_weights"]
 
 
 def compute_gae(
@@ -63,3 +63,9 @@ def compute_gae(
             lastgaelam = advantages[t]
     returns = targets + values
     return advantages, returns
+
+
+def importance_weights(logprob: torch.Tensor, behaviour: torch.Tensor, lagging: torch.Tensor) -> torch.Tensor:
+    """`compute_gae`'s ``weights``: min(1, pi / mu) where ``lagging`` (an older policy mu acted, with log-probability
+    ``behaviour``; pi's is ``logprob``), 1 elsewhere."""
+    return torch.where(lagging, (logprob - behaviour).exp().clamp(max=1.0), torch.ones_like(logprob))

@@ -33,6 +33,7 @@ from ..runs import NOT_TRAINING_KINDS
 from ..settings import Exchange, TrainSettings
 from ..transport import ProtocolError
 from ..transport.errors import peer_repr
+from .replica_plan import FIRST_LAYERS, due, replicated
 
 __all__ = ["LinkBudget", "codec_ladder", "exchange_ladder", "STREAMS", "TRAINING"]
 
@@ -82,9 +83,7 @@ def codec_ladder(spec: str, stream: str) -> list[tuple[str, float]]:
 
 def _updates(exchange: Exchange, updates: int) -> tuple[int, int]:
     """(updates of all weights, of all but the first layers) in an iteration of ``updates`` minibatches, the one
-    after the rollout counted, as `splitrl.stages.replica.due` sends them."""
-    from .replica import FIRST_LAYERS, due
-
+    after the rollout counted, as `splitrl.stages.replica_plan.due` sends them."""
     names = [*FIRST_LAYERS, "the rest"]
     sent = [due(exchange, 0, mb, 1, updates, names) for mb in range(updates)]
     return 1 + sum(1 for got in sent if got == names), sum(1 for got in sent if got == ["the rest"])
@@ -126,8 +125,6 @@ class LinkBudget:
             return None
         weights = (1, 1)
         if settings.codecs.parsed_exchange().name == "replica":
-            from .replica import FIRST_LAYERS, replicated
-
             _, heads = agent(settings, spec)
             pairs = [(name, p.numel()) for name, p in replicated(heads)]
             weights = (sum(n for _, n in pairs), sum(n for name, n in pairs if name not in FIRST_LAYERS))

@@ -14,21 +14,23 @@ use its own copy of the encoder (the asynchronous schedule: the rollout of the
 next iteration acts while this one trains, and `publish` / `adopt` swap the
 trained weights in between two steps). With one group and no copy, every call
 is what the synchronous schedule makes.
+
+Its parts are objects of their own: the published policy versions
+(`splitrl.stages.versions`) and a fleet edge's share of the fleet's one encoder
+(`splitrl.stages.fleet_encoder`).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
-import threading
 from typing import Any, Iterable
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..codecs import CodecError, CodecSet, Context
+from ..codecs import CodecSet, Context
 from ..envs import (EnvSpec, choose_vector, make_vector_env, restore_vector_env, to_chw, vector_env_state,
                     worker_cpu_seconds)
 from ..models import agent
@@ -36,11 +38,12 @@ from ..ppo import anneal, minibatch_schedule
 from ..runs import EMA_DECAY, RunLog
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
-from ..transport.errors import peer_repr
 from .autoencoder import pack_sample, sampled
 from .budget import TRAINING, LinkBudget, switch
-from .protocol import ENCODER_PREFIX, Payload, tensor
-from .weights import WeightSync
+from .episodes import Episodes
+from .fleet_encoder import EdgeEncoder
+from .protocol import Payload, tensor
+from .versions import PolicyVersions
 
 __all__ = ["Edge", "EMA_DECAY"]
 
@@ -67,22 +70,15 @@ class Edge:
         self.offset, self.total_envs = edge * settings.env.num_envs, settings.total_envs
         self.joined_after = 0
         """A fleet's late edge: the iteration after which it joined (`join`); 0 for the others."""
-        self.agreed_weights: dict[str, torch.Tensor] | None = None
-        """The first view a fleet's edge averages against where it is not the encoder built from the seed: the
-        one a late edge joined with (`join`), the one a resumed edge last agreed on (`load_state_dict`)."""
-        self.encoder_average: WeightSync | None = None
-        """``--encoder-sync avg``: the encoder as the fleet last agreed on it (`encoder_change`, `take_average`)."""
         self.vector = choose_vector(vector, settings.env.num_envs)
         """'sync': the environments step in this process; 'async': in worker processes (`splitrl.envs.StepInTwo`)."""
         self.net, _ = agent(settings, spec)
         self.params = [p for p in self.net.parameters() if p.requires_grad]  # not an autoencoder's projection
         self.optimizer = torch.optim.Adam(self.params, lr=settings.ppo.lr_encoder, eps=1e-5) if self.params else None
-        self.acting = copy.deepcopy(self.net).requires_grad_(False) if acting_copy else self.net
-        self.acting_version = 0
-        """The policy version the rollout acts with: the training iterations done on its weights, or the epochs
-        with --publish epoch (`TrainSettings.versions_per_iteration`)."""
-        self.published: dict[int, nn.Module] = {}
-        """Trained weights not adopted yet, by version (several numbers may name one copy: `publish`)."""
+        self.policy: PolicyVersions[nn.Sequential] = PolicyVersions(self.net, acting_copy)
+        """The encoder the rollout acts with and the published ones (`publish`, `adopt`)."""
+        self.fleet = EdgeEncoder(self.net, self.optimizer, lambda: agent(settings, spec)[0])
+        """This edge's part of a fleet's one encoder (``--encoder-sync``, joining)."""
         n, t = settings.env.num_envs, settings.ppo.num_steps
         self.buffers = [torch.zeros((t, n) + spec.obs_shape, dtype=torch.uint8) for _ in range(slots)]
         self.obs = self.buffers[0]
@@ -112,10 +108,14 @@ class Edge:
         """The iteration being collected."""
         self.train_iteration = 0
         """The iteration being trained on."""
-        self.ema_return: float | None = None
-        self.returns: list[float] = []
-        """Returns of the episodes finished since `rollout_summary` last took them."""
-        self._returns_lock = threading.Lock()  # the asynchronous schedule takes them from its training thread
+        self.episodes = Episodes(run_log)
+        """The finished episodes' returns and their EMA."""
+
+    acting = property(lambda self: self.policy.acting, doc="The encoder the rollout acts with (`net` itself "
+                      "without an acting copy).")
+    acting_version = property(lambda self: self.policy.version, doc="The policy version the rollout acts with: "
+                              "the training iterations done on its weights, or the epochs with --publish epoch.")
+    published = property(lambda self: self.policy.published)
 
     @property
     def trains(self) -> bool:
@@ -182,17 +182,10 @@ class Edge:
     def adopt(self, version: int | None = None) -> int:
         """Act from now on with the newest published weights, or with those of ``version`` (--publish epoch's
         pace; it must be published); returns the version acting. Older copies are dropped."""
-        if version is None:
-            version = max([self.acting_version, *list(self.published)])
-        if version != self.acting_version:
-            module = self.published.get(version)
-            if module is None:
-                raise RuntimeError(f"stage0 was asked to act with policy version {version}; published: "
-                                   f"{sorted(self.published) or 'none'}, acting: {self.acting_version}")
-            self.acting_version, self.acting = version, module
-        for old in [v for v in list(self.published) if v <= version]:  # list(): publish() may add meanwhile
-            del self.published[old]
-        return self.acting_version
+        def unknown(version: int) -> RuntimeError:
+            return RuntimeError(f"stage0 was asked to act with policy version {version}; published: "
+                                f"{sorted(self.published) or 'none'}, acting: {self.acting_version}")
+        return self.policy.adopt(version, unknown)
 
     def encode(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -240,7 +233,7 @@ class Edge:
         """Wait for group ``g``'s step; log finished episodes, keep the outcome for its next message."""
         self.next_obs[g], reward, terminated, truncated, info = self.envs[g].step(self.actions[g])
         self.global_step += len(self.groups[g]) * self.settings.schedule.edges  # a fleet's edges step in lock step
-        self._episodes(info, g)
+        self.episodes.record(info, self.offset + self.groups[g], self.global_step, self.iteration)
         self.outcome[g] = self._outcome(reward, terminated, truncated, info, g)
 
     def end_rollout(self, g: int = 0) -> Payload:
@@ -269,29 +262,15 @@ class Edge:
             out["final_index"] = index
         return out, header
 
-    def _episodes(self, info: dict[str, Any], g: int) -> None:
-        if "episode" not in info:
-            return
-        for i in np.flatnonzero(info["_episode"]):
-            r, length = float(info["episode"]["r"][i]), int(info["episode"]["l"][i])
-            self.ema_return = r if self.ema_return is None else EMA_DECAY * self.ema_return + (1 - EMA_DECAY) * r
-            with self._returns_lock:
-                self.returns.append(r)
-            if self.run_log is not None:
-                self.run_log.episode({"global_step": self.global_step, "iteration": self.iteration,
-                                      "env": self.offset + int(self.groups[g][i]), "return": r, "length": length,
-                                      "ema_return": self.ema_return})
-
     def rollout_summary(self) -> dict[str, Any]:
         """Taken when a rollout ends: env steps so far, the returns of the episodes finished since the last
         call, their EMA, and (``resume``) everything a resumed run needs to go on from here: the envs'
         state, the rollout codec's. The asynchronous schedule takes it from the rollout thread, so each
         iteration's metrics and checkpoint speak of that iteration's rollout while the next one runs."""
-        with self._returns_lock:
-            returns, self.returns = self.returns, []
-        resume = {"iteration": self.iteration, "global_step": self.global_step, "ema_return": self.ema_return,
+        returns, ema_return = self.episodes.take(), self.episodes.ema_return
+        resume = {"iteration": self.iteration, "global_step": self.global_step, "ema_return": ema_return,
                   "envs": [vector_env_state(envs) for envs in self.envs], "codecs": self.codecs.state_dict("rollout")}
-        return {"global_step": self.global_step, "returns": returns, "ema_return": self.ema_return, "resume": resume}
+        return {"global_step": self.global_step, "returns": returns, "ema_return": ema_return, "resume": resume}
 
     # -- training --------------------------------------------------------------------
     def begin_training(self, iteration: int) -> list[list[torch.Tensor]]:
@@ -329,83 +308,37 @@ class Edge:
         """Back-propagate the gradient stage1 sent for ``out`` (gradients accumulate until the step)."""
         torch.autograd.backward(out, grad)
 
+    # -- a fleet's one encoder (`splitrl.stages.fleet_encoder.EdgeEncoder`) ----------------
     def gradients(self) -> dict[str, torch.Tensor]:
-        """The encoder's gradients accumulated since the last step, by parameter name (zeros where the minibatch
-        held none of this edge's samples): a fleet's edges add theirs up through stage1 (``--encoder-sync grad``)."""
-        return {ENCODER_PREFIX + name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach()
-                for name, p in self.net.named_parameters()}
+        """The encoder's gradients since the last step, by name, which a fleet's edges add up through stage1
+        (``--encoder-sync grad``)."""
+        return self.fleet.gradients()
 
     def set_gradients(self, msg: Message) -> None:
         """Take the fleet's summed encoder gradients (stage1's ``encoder_grad``) as this step's."""
-        for name, p in self.net.named_parameters():
-            p.grad = tensor(msg, ENCODER_PREFIX + name, tuple(p.shape), p.dtype)
+        self.fleet.set_gradients(msg)
 
     def encoder_change(self, mode: str) -> dict[str, torch.Tensor]:
-        """``encoder_avg``'s parts: this edge's encoder's change since the fleet last averaged (``--encoder-sync
-        avg``), through the dense codec ``mode``."""
-        if self.encoder_average is None:  # the fleet agreed on the encoder built from the seed, or the one joined
-            start = agent(self.settings, self.spec)[0]
-            agreed = self.agreed_weights or {ENCODER_PREFIX + n: p for n, p in start.named_parameters()}
-            self.encoder_average = WeightSync(agreed.items(), mode, "encoder average")
-        return self.encoder_average.delta((ENCODER_PREFIX + n, p) for n, p in self.net.named_parameters())
-
-    def encoder_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """What an edge joining the fleet after this iteration needs to train on as one of it (``encoder_state``):
-        the encoder's weights and its optimizer's moments (every edge's are the same with ``--encoder-sync grad``,
-        and after an average with ``avg`` the weights are), the iteration and the fleet's step count."""
-        # Copies: a large tensor leaves zero-copy, after this edge may have stepped again.
-        tensors = {f"net.{name}": t.detach().clone() for name, t in self.net.state_dict().items()}
-        step = 0
-        if self.optimizer is not None:
-            for name, p in ((n, p) for n, p in self.net.named_parameters() if p.requires_grad):
-                moments = self.optimizer.state.get(p)
-                if moments:
-                    step = int(moments["step"])
-                    tensors[f"exp_avg.{name}"] = moments["exp_avg"].clone()
-                    tensors[f"exp_avg_sq.{name}"] = moments["exp_avg_sq"].clone()
-        return tensors, {"iteration": self.train_iteration, "global_step": self.global_step, "adam_step": step}
-
-    def join(self, msg: Message, iteration: int) -> None:
-        """Become an edge of a fleet that has trained ``iteration`` iterations: another edge's `encoder_state`
-        (checked: every weight, each moment for every parameter or for none). The envs start afresh."""
-        header = msg.header
-        step, global_step = header.get("adam_step"), header.get("global_step")
-        if header.get("iteration") != iteration or type(step) is not int or step < 0 or type(global_step) is not int \
-                or global_step < 0:
-            raise ProtocolError(f"encoder_state: expected iteration={iteration} and counts >= 0, got iteration="
-                                f"{peer_repr(header.get('iteration'))}, adam_step={peer_repr(step)}, "
-                                f"global_step={peer_repr(global_step)}")
-        names = set(self.net.state_dict())
-        moments = {f"{m}.{n}" for n, _ in self.net.named_parameters() for m in ("exp_avg", "exp_avg_sq")}
-        wanted = {f"net.{n}" for n in names} | (moments if step and self.optimizer is not None else set())
-        if set(msg.tensors) != wanted:
-            raise ProtocolError(f"encoder_state: expected tensors {sorted(wanted)[:4]}... ({len(wanted)}), got "
-                                f"{peer_repr(sorted(msg.tensors))} ({len(msg.tensors)})")
-        state = self.net.state_dict()
-        self.net.load_state_dict({n: tensor(msg, f"net.{n}", tuple(t.shape), t.dtype) for n, t in state.items()})
-        if step and self.optimizer is not None:
-            adam = {i: {"step": torch.tensor(float(step)),
-                        **{m: tensor(msg, f"{m}.{name}", tuple(p.shape), torch.float32).clone()
-                           for m in ("exp_avg", "exp_avg_sq")}}
-                    for i, (name, p) in enumerate(self.net.named_parameters())}
-            if any(bool((moments["exp_avg_sq"] < 0).any()) for moments in adam.values()):
-                raise ProtocolError("encoder_state: a second moment (exp_avg_sq) is negative")
-            self.optimizer.load_state_dict({"state": adam, "param_groups": self.optimizer.state_dict()["param_groups"]})
-        self.train_iteration = self.iteration = iteration
-        self.global_step = global_step
-        self.joined_after = iteration
-        self.agreed_weights = {ENCODER_PREFIX + n: p.detach().clone() for n, p in self.net.named_parameters()}
+        """``encoder_avg``'s parts: the encoder's change since the fleet last averaged (``--encoder-sync avg``)."""
+        return self.fleet.change(mode)
 
     def take_average(self, msg: Message) -> None:
         """Stage1's mean of the edges' changes (``encoder_avg``): every edge's encoder becomes the same."""
-        assert self.encoder_average is not None, "encoder_change comes first"
-        try:
-            view = self.encoder_average.decode(dict(msg.tensors))
-        except CodecError as exc:
-            raise ProtocolError(f"{msg.kind}: {exc}") from None
-        with torch.no_grad():
-            for name, p in self.net.named_parameters():
-                p.copy_(view[ENCODER_PREFIX + name])
+        self.fleet.take_average(msg)
+
+    def encoder_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """What an edge joining the fleet after this iteration needs to train on as one of it (``encoder_state``):
+        the encoder's weights and its optimizer's moments, the iteration and the fleet's step count."""
+        tensors, step = self.fleet.state()
+        return tensors, {"iteration": self.train_iteration, "global_step": self.global_step, "adam_step": step}
+
+    def join(self, msg: Message, iteration: int) -> None:
+        """Become an edge of a fleet that has trained ``iteration`` iterations: another edge's `encoder_state`.
+        The envs start afresh."""
+        global_step = self.fleet.join(msg, iteration)
+        self.train_iteration = self.iteration = iteration
+        self.global_step = global_step
+        self.joined_after = iteration
 
     def optimizer_step(self) -> None:
         nn.utils.clip_grad_norm_(self.params, self.settings.ppo.max_grad_norm)
@@ -414,12 +347,9 @@ class Edge:
 
     def publish(self, versions: Iterable[int] | None = None) -> nn.Module:
         """The trained weights as the rollout's next acting copy (it takes them at an `adopt`), under each of
-        ``versions`` (default: the iterations trained, in versions: `TrainSettings.versions_per_iteration`).
-        Several numbers name one copy where training ended early (--target-kl): every version still exists."""
-        module = copy.deepcopy(self.net).requires_grad_(False)
-        for version in [self.train_iteration * self.settings.versions_per_iteration] if versions is None else versions:
-            self.published[version] = module
-        return module
+        ``versions`` (default: the iterations trained, in versions: `TrainSettings.versions_per_iteration`)."""
+        return self.policy.publish([self.train_iteration * self.settings.versions_per_iteration]
+                                   if versions is None else versions)
 
     def state_dict(self, rollout: dict[str, Any]) -> dict[str, Any]:
         """A checkpoint after training: the weights, the optimizer, the training codecs' state, and the
@@ -430,7 +360,7 @@ class Edge:
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
             "codecs": self.codecs.state_dict("fwd", "bwd"),
             "rollout": rollout["resume"],
-            **({"encoder_average": dict(self.encoder_average.view)} if self.encoder_average is not None else {}),
+            **self.fleet.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -440,15 +370,9 @@ class Edge:
             self.optimizer.load_state_dict(state["optimizer"])
         rollout = state["rollout"]
         self.train_iteration, self.iteration = state["iteration"], rollout["iteration"]
-        self.global_step, self.ema_return = rollout["global_step"], rollout["ema_return"]
+        self.global_step, self.episodes.ema_return = rollout["global_step"], rollout["ema_return"]
         self.codecs.load_state_dict({**state["codecs"], **rollout["codecs"]})
         self.saved_envs = rollout["envs"]
-        if "encoder_average" in state:  # --encoder-sync avg: go on averaging against what the fleet last agreed on
-            self.agreed_weights, self.encoder_average = state["encoder_average"], None
-        elif self.settings.schedule.parsed_encoder_sync().name == "avg":  # a checkpoint from before it was kept:
-            # the encoder itself, which is the agreed view after an iteration (each epoch's last minibatch averages)
-            self.agreed_weights = {ENCODER_PREFIX + n: p.detach().clone() for n, p in self.net.named_parameters()}
-        if self.acting is not self.net:
-            self.acting = copy.deepcopy(self.net).requires_grad_(False)
-            self.acting_version = self.train_iteration * self.settings.versions_per_iteration
-            self.published = {}
+        self.fleet.load_state_dict(state, averaging=self.settings.schedule.parsed_encoder_sync().name == "avg")
+        if self.policy.copied:
+            self.policy.restart(self.train_iteration * self.settings.versions_per_iteration)

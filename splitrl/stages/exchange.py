@@ -13,25 +13,81 @@ is, is the exchange (``--exchange``):
 
 The edge half (`EdgeExchange`) and the learner half (`LearnerExchange`) never
 touch a link: they turn tensors into `Payload`s and received messages back into
-tensors. Codecs stay pure tensor encoders underneath.
+tensors. Codecs stay pure tensor encoders underneath. Each half sees its stage
+through a narrow collaborator (`EdgeSide`, `LearnerSide`: the few members it
+reads), which `splitrl.stages.edge.Edge` and `splitrl.stages.learner.Learner`
+satisfy; so neither half depends on the stage classes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from ..codecs import CodecSet, Context
+from ..envs import EnvSpec
+from ..models import ActorCriticHeads
+from ..settings import Exchange, TrainSettings
 from ..transport import Message, ProtocolError
+from .autoencoder import Autoencoder
 from .protocol import Payload
 
-if TYPE_CHECKING:
-    from .edge import Edge
-    from .learner import Learner
+__all__ = ["Sent", "EdgeSide", "LearnerSide", "EdgeExchange", "LearnerExchange", "FeaturesEdge", "FeaturesLearner"]
 
-__all__ = ["Sent", "EdgeExchange", "LearnerExchange", "FeaturesEdge", "FeaturesLearner"]
+
+class EdgeSide(Protocol):
+    """What stage0's half of an exchange reads of stage0 (`splitrl.stages.edge.Edge` is one)."""
+
+    settings: TrainSettings
+    spec: EnvSpec
+    codecs: CodecSet
+    net: nn.Sequential
+    """The layers before the cut (a replica exchange sets an autoencoder's projection, the last of them)."""
+
+    @property
+    def exchange(self) -> Exchange:
+        """The exchange as this iteration runs it (``--link-budget`` may lengthen a replica's periods)."""
+
+    @property
+    def train_step(self) -> int:
+        """Env steps collected when the rollout being trained on ended."""
+
+
+class LearnerSide(Protocol):
+    """What stage1's half of an exchange reads of stage1 (`splitrl.stages.learner.Learner` is one)."""
+
+    settings: TrainSettings
+    codecs: CodecSet
+    heads: ActorCriticHeads
+    autoencoder: Autoencoder | None
+    train_iteration: int
+    """The iteration being trained on."""
+
+    @property
+    def stats(self) -> dict[str, list[float]]:
+        """The iteration's statistics, by key (an autoencoder's fit adds its own)."""
+
+    @property
+    def exchange(self) -> Exchange:
+        """The exchange as this iteration runs it."""
+
+    @property
+    def train_step(self) -> int:
+        """Env steps collected when the rollout being trained on ended."""
+
+    @property
+    def rescore_step(self) -> int:
+        """``--rescore``: env steps collected when the rollout being scored again ended."""
+
+    def loss(self, idx: torch.Tensor, mean: torch.Tensor, value: torch.Tensor,
+             minibatch: torch.Tensor | None = None) -> torch.Tensor:
+        """The PPO loss of samples ``idx`` given the heads' outputs on their inputs."""
+
+    def rescore(self, idx: torch.Tensor, x: torch.Tensor) -> None:
+        """Score samples ``idx`` again with the heads on ``x``."""
 
 
 @dataclass
@@ -55,7 +111,7 @@ class EdgeExchange:
     updates_after_rollout = False
     """Whether stage1 sends a ``heads`` update after every rollout."""
 
-    def __init__(self, edge: "Edge") -> None:
+    def __init__(self, edge: EdgeSide) -> None:
         self.edge = edge
         self.codecs: CodecSet = edge.codecs
 
@@ -86,7 +142,7 @@ class EdgeExchange:
 class LearnerExchange:
     """Stage1's half: decodes what stage0 sent, takes the loss, encodes the gradient."""
 
-    def __init__(self, learner: "Learner") -> None:
+    def __init__(self, learner: LearnerSide) -> None:
         self.learner = learner
         self.codecs: CodecSet = learner.codecs
 
@@ -127,13 +183,11 @@ class FeaturesLearner(LearnerExchange):
         """The encoder's output for samples ``idx`` as stage1 sees it (through the fwd codec), in the training
         of the rollout that ended at env step ``step``."""
         return self.codecs.unpack("fwd", "features", msg.tensors, msg.header, Context(idx=idx, global_step=step),
-                                  (len(idx), self.learner.feature_dim), torch.float32)
+                                  (len(idx), self.learner.heads.input_dim), torch.float32)
 
     def rescore(self, msg: Message, idx: torch.Tensor) -> None:
-        learner = self.learner
-        assert learner.rescored is not None
-        step = learner.rescored[0] * learner.settings.steps_per_iteration  # the training about to begin
-        learner.rescore(idx, self._features(msg, idx, step))
+        # Decoded as the training about to begin decodes its features.
+        self.learner.rescore(idx, self._features(msg, idx, self.learner.rescore_step))
 
     def learn(self, msg: Message, idx: torch.Tensor, minibatch: torch.Tensor | None = None) -> Payload:
         learner = self.learner

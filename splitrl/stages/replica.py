@@ -43,12 +43,14 @@ N-th training minibatch, the change of every weight but the two first layers
 (about 3,100 values: the output layers and the biases); ``all_every=N`` sends all
 of them. Both count minibatches over the iteration (``all_every=160`` is every 5
 epochs at 32 minibatches an epoch); 0 means only after the rollout. They travel
-as ``heads`` messages after the ``train_bwd`` of that minibatch.
+as ``heads`` messages after the ``train_bwd`` of that minibatch. Which weights
+the replica holds and which follow which minibatch is the plan both stages
+derive from the settings (`splitrl.stages.replica_plan`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -59,24 +61,12 @@ from ..settings import Exchange
 from ..transport import Message, ProtocolError
 from ..transport.errors import peer_repr
 from .autoencoder import PROJECTION
-from .exchange import EdgeExchange, LearnerExchange, Sent
+from .exchange import EdgeExchange, EdgeSide, LearnerExchange, LearnerSide, Sent
 from .protocol import Payload
+from .replica_plan import FIRST_LAYERS, due, replicated
 from .weights import WeightSync
 
-if TYPE_CHECKING:
-    from .edge import Edge
-    from .learner import Learner
-
 __all__ = ["ReplicaEdge", "ReplicaLearner", "FIRST_LAYERS", "due", "folded", "replica_weights", "replicated"]
-
-FIRST_LAYERS = ("critic.0.weight", "actor_mean.0.weight")
-"""The heads' two feature-wide weights (`splitrl.models.ActorCriticHeads`): 99.9 % of the
-replica's values, sent by ``all_every`` but not by ``last_every``."""
-
-
-def replicated(heads: ActorCriticHeads) -> list[tuple[str, nn.Parameter]]:
-    """The weights `ActorCriticHeads.outputs` uses (all but the log-std): what stage0's replica holds."""
-    return [(name, p) for name, p in heads.named_parameters() if name != "actor_logstd"]
 
 
 def replica_weights(heads: ActorCriticHeads, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
@@ -115,23 +105,6 @@ def folded(heads: ActorCriticHeads) -> ActorCriticHeads:
     return out
 
 
-def due(exchange: Exchange, epoch: int, mb: int, epochs: int, minibatches: int, names: Iterable[str]) -> list[str]:
-    """The weights whose change follows the ``train_bwd`` of minibatch (epoch, mb); [] if none.
-
-    Both stages call this with the same arguments, so each knows what comes. Never after
-    the iteration's last minibatch: the next rollout's update follows it anyway.
-    """
-    done = epoch * minibatches + mb + 1
-    if done >= epochs * minibatches:
-        return []
-    names = [name for name in names if name != PROJECTION]  # an autoencoder's projection: after the rollout only
-    if exchange.all_every and done % exchange.all_every == 0:
-        return list(names)
-    if exchange.last_every and done % exchange.last_every == 0:
-        return [name for name in names if name not in FIRST_LAYERS]
-    return []
-
-
 def _finite(x: torch.Tensor, what: str) -> torch.Tensor:
     if not bool(torch.isfinite(x).all()):
         raise CodecError(f"replica exchange: non-finite values in {what}")
@@ -149,7 +122,7 @@ class ReplicaEdge(EdgeExchange):
 
     updates_after_rollout = True
 
-    def __init__(self, edge: "Edge") -> None:
+    def __init__(self, edge: EdgeSide) -> None:
         super().__init__(edge)
         s, spec = edge.settings, edge.spec
         _, heads = agent(s, spec)
@@ -216,7 +189,7 @@ class ReplicaEdge(EdgeExchange):
             if PROJECTION in view:
                 self.edge.net[-1].weight.copy_(view[PROJECTION])
             if names is None:
-                samples = self.edge.flat_obs.shape[0]
+                samples = self.edge.settings.ppo.num_steps * self.edge.settings.env.num_envs  # the edge's rollout
                 self.view_outputs = torch.cat([_outputs(self.replica, self._view_rows(idx))
                                                for idx in torch.arange(samples).split(1024)])
             else:
@@ -226,7 +199,7 @@ class ReplicaEdge(EdgeExchange):
 class ReplicaLearner(LearnerExchange):
     """Stage1's half: heads trained on the rollout view plus the change stage0's replica saw."""
 
-    def __init__(self, learner: "Learner") -> None:
+    def __init__(self, learner: LearnerSide) -> None:
         super().__init__(learner)
         self.sync = WeightSync(self._weights().items(), self.exchange.sync)
         self.view = self.codecs.rollout_view()
@@ -246,10 +219,11 @@ class ReplicaLearner(LearnerExchange):
     def learn(self, msg: Message, idx: torch.Tensor, minibatch: torch.Tensor | None = None) -> Payload:
         learner = self.learner
         ctx = Context(idx=idx, global_step=learner.train_step)
-        width = learner.spec.action_dim + 1
+        heads = learner.heads
+        width = heads.actor_mean[-1].out_features + 1  # the actor's outputs (the action's width) and the value
         change = self.codecs.unpack("fwd", "outputs", msg.tensors, msg.header, ctx, (len(idx), width), torch.float32)
         offset = _finite(change, "the outputs' change").requires_grad_()
-        mean, value = learner.heads.outputs(self.view.rows(idx, (len(idx), learner.feature_dim)))
+        mean, value = heads.outputs(self.view.rows(idx, (len(idx), heads.input_dim)))
         learner.loss(idx, mean + offset[:, :-1], value + offset[:, -1], minibatch).backward()
         tensors, header = {}, {}
         self.codecs.pack("bwd", "grad", offset.grad, ctx, tensors, header)

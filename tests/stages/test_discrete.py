@@ -72,7 +72,7 @@ def test_stage0_refuses_an_action_that_is_no_index_of_the_space(spec, bad, words
 
 
 def test_samples_an_older_policy_acted_on_are_scored_with_their_indices(spec):
-    """The asynchronous schedule's re-scoring (`Learner._logprobs`) with int64 actions of shape (T, N)."""
+    """The asynchronous schedule's re-scoring (`PPOUpdate.score_stored`) with int64 actions of shape (T, N)."""
     g = torch.Generator().manual_seed(0)
     learner = Learner(SETTINGS, spec, slots=2, acting_copy=True)
     outcome = {"reward": torch.ones(2), "terminated": torch.zeros(2, dtype=torch.bool),

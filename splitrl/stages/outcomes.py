@@ -1,0 +1,43 @@
+"""Stage1's reading of a group's outcome (reward, termination, truncation, the value to bootstrap a truncated
+episode from), which rides on the group's next step message, and where a group's rows lie in the rollout batch."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..transport import Message, ProtocolError
+from .protocol import tensor
+
+__all__ = ["read_outcome", "rows_of"]
+
+
+def read_outcome(msg: Message, envs: slice,
+                 final_values: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """(reward, terminated, truncated, final values) of the envs ``envs`` as ``msg`` carries them;
+    ``final_values(index)``: the values of the final observations of the truncated envs ``index`` (within the
+    group), which ``msg`` carries as ``final_features``."""
+    n = envs.stop - envs.start
+    reward = tensor(msg, "reward", (n,), torch.float32)
+    terminated = tensor(msg, "terminated", (n,), torch.bool)
+    truncated = tensor(msg, "truncated", (n,), torch.bool)
+    values = torch.zeros(n)
+    if "final_index" in msg.tensors:
+        index = msg.tensors["final_index"]
+        if index.dtype != torch.int64 or index.dim() != 1 or not bool(((index >= 0) & (index < n)).all()):
+            raise ProtocolError(f"{msg.kind}: final_index: expected int64 env indices in [0, {n}), got {index}")
+        values[index] = final_values(index)
+    return reward, terminated, truncated, values
+
+
+def rows_of(parts: list[tuple[int, int]], group_rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(step, env) index tensors of the rows of ``parts`` ((step, group) each), in that order; ``group_rows``:
+    each group's env indices (every group as wide)."""
+    if len(parts) == 1:
+        t, g = parts[0]
+        rows = group_rows[g]
+        return torch.full((len(rows),), t), rows
+    size = len(group_rows[0])
+    return (torch.tensor([t for t, _ in parts]).repeat_interleave(size),
+            torch.cat([group_rows[g] for _, g in parts]))
