@@ -1,4 +1,4 @@
-"""``splitrl bench capacity``: how many acting requests one stage1 serves (issue 17's item 8b).
+"""``splitrl bench capacity``: how many acting requests one stage1 serves.
 
 Fake edges replay step traffic captured from a real stage0 against one real ``splitrl stage1
 --edges N``. The capture: an `Edge` with the paper's CarRacing env and encoder steps with random

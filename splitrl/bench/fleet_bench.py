@@ -1,8 +1,8 @@
-"""``splitrl bench fleet``: real edges on loopback, one stage1 (issue 17's item 8a).
+"""``splitrl bench fleet``: real edges on loopback, one stage1.
 
 The paper network and schedule (10 epochs of 32 minibatches) with each edge stepping one
 CarRacing env for ``num_steps`` steps an iteration, for 1, 2 and 4 edges: one edge is
-today's pair (`splitrl.schedule.sync`), more are a fleet (`splitrl.schedule.fleet`).
+the plain pair (`splitrl.schedule.sync`), more are a fleet (`splitrl.schedule.fleet`).
 Each run is a fresh ``splitrl run --edges N``; the figures are means over the iterations
 after the first (`splitrl.runs.measured_records`): samples per second at the learner (the
 fleet's samples an iteration over its seconds), each process's busy fraction (its CPU

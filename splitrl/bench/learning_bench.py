@@ -49,7 +49,7 @@ CONFIGS: dict[str, list[str]] = {
     "cloud-frames": ["--cut", "input", "--codec-rollout", "frames"],
     # ours-replica-sync's bytes scale with the cut's width: the rollout's 4096 features a step and the
     # replica's 4096 x 512 first layers. A learned projection to 256 values at the end of the encoder
-    # (--bottleneck, trained end to end) shrinks both 16-fold (issue 18's target: <= 1,500 B a step).
+    # (--bottleneck, trained end to end) shrinks both 16-fold.
     "ours-bottleneck": ["--bottleneck", "256", "--codec-rollout", "int8+zstd",
                         "--exchange", "replica:last_every=1,all_every=80"],
     # The paper's literal variant at the same K: the projection fitted on stage1 as an autoencoder's encoder

@@ -47,7 +47,7 @@ MODES: dict[str, list[str]] = {
     "+ micro-batches": ["--vector", "async", *QUAD, "--rollout-groups", "4", "--microbatches", "2", *OVERLAP],
     "+ async": ["--vector", "async", *QUAD, "--rollout-groups", "4", "--microbatches", "2", *OVERLAP, "--async"],
 }
-"""Each row adds one mechanism to the one before; 'sync' is today's schedule (1 env x 4096 steps)."""
+"""Each row adds one mechanism to the one before; 'sync' is the synchronous schedule (1 env x 4096 steps)."""
 
 
 def _summary(mode: str, rtt_ms: float, run_dir: Path) -> dict[str, Any]:

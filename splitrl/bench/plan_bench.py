@@ -7,7 +7,7 @@ networks timed here (`splitrl.plan.Timings`, so run it on an idle
 machine), then predicts every row from that row's settings and link alone: the schedule, the envs and
 their vector mode, the threads, the link's rate and its round trip (as each row measured it at the start,
 ``link/rtt_ms``, where the bench has one at that round trip). The error is predicted over measured
-seconds per iteration, minus 1 (issue 18's target: within 20 % for every row).
+seconds per iteration, minus 1 (the planner's target: within 20 % for every row).
 """
 
 from __future__ import annotations

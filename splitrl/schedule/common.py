@@ -28,10 +28,10 @@ def torch_thread(target: Callable[[], None], name: str) -> threading.Thread:
 
     `torch.set_num_threads` sets OpenMP's thread count for the thread that calls it; a thread started later
     begins with OpenMP's default (``OMP_NUM_THREADS``, else every core) and keeps it for the matrix products
-    MKL runs until torch's own parallel code first sets it there. Measured here (2 cores, torch 2.13): a
-    512 x 4096 by 4096 x 32 product on a new thread after ``set_num_threads(1)`` gave the two-thread numbers,
-    not the one-thread ones, so the twin's stage1 thread folded an autoencoder's decoder differently from
-    stage1's own process, and an asynchronous schedule's rollout thread ran its products on every core. Each
+    MKL runs until torch's own parallel code first sets it there. A product on such a thread after
+    ``set_num_threads(1)`` in its parent gives the many-thread numbers, not the one-thread ones: the twin's
+    stage1 thread would fold an autoencoder's decoder differently from stage1's own process, and an
+    asynchronous schedule's rollout thread would run its products on every core. Each
     such thread has its threads of its own: while both compute, the process uses up to twice ``--threads``."""
     threads = torch.get_num_threads()
 
