@@ -15,7 +15,7 @@ from splitrl.transport.errors import ProtocolError
 from splitrl.transport.fastwire import FastWire
 from splitrl.transport.wire import DTYPES, PROTOCOL_VERSION, WireLimits, decode, encode
 
-from .support import FUZZ, bitwise_equal, sample, valid_messages
+from .wire_support import FUZZ, bitwise_equal, sample, valid_messages
 
 
 def _writable(frames: list, views: list[bool] | None = None) -> list:

@@ -13,7 +13,7 @@ import torch
 from splitrl.transport.errors import ProtocolError
 from splitrl.transport.wire import DTYPES, PROTOCOL_VERSION, Message, WireLimits, decode, encode, frame_nbytes
 
-from .support import ITEMSIZE, as_bytes, bitwise_equal, sample
+from .wire_support import ITEMSIZE, as_bytes, bitwise_equal, sample
 
 
 def roundtrip(tensors: dict, *, copy_to_bytes: bool, kind: str = "x", seq: int = 0, header=None) -> Message:

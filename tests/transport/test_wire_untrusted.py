@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from splitrl.transport.errors import ProtocolError
 from splitrl.transport.wire import DTYPES, Message, WireLimits, _all_finite, decode, encode, frame_nbytes
 
-from .support import FUZZ, ITEMSIZE, as_bytes, valid_messages
+from .wire_support import FUZZ, ITEMSIZE, as_bytes, valid_messages
 
 
 def _decode_or_protocol_error(frames, limits: WireLimits = WireLimits()) -> Message | None:
