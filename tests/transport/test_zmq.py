@@ -1,5 +1,5 @@
-"""ZmqTransport over tcp, ipc and inproc: round trips, timeouts, garbage, sequence
-numbers, byte meters, abort and the handshake.
+"""ZmqTransport over tcp, ipc and inproc: round trips, timeouts, garbage and limits, sequence
+numbers, byte meters, abort and close, paired endpoints, and a watch over several links.
 
 Every receive has a timeout of at most 5 s and every socket is closed in a fixture
 or a ``finally``, so no test can hang or leak a socket into the next one.
@@ -7,22 +7,16 @@ or a ``finally``, so no test can hang or leak a socket into the next one.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import logging
 import os
-import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import msgpack
 import pytest
 import torch
-import zmq
 
 from splitrl.transport import (
     PeerAbort,
-    PeerGone,
     ProtocolError,
     TransportClosed,
     TransportTimeout,
@@ -32,88 +26,9 @@ from splitrl.transport import (
     paired_endpoint,
 )
 from splitrl.transport.base import INVALID_KIND
-from splitrl.transport.handshake import HandshakeError, answer_hello, handshake, settings_hash
-from splitrl.transport.gate import BUSY, _Slot
 from splitrl.transport.wire import frame_nbytes
 
-T = 5.0
-"""Longest any receive in this file may wait."""
-
-_names = itertools.count()
-
-
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)  # closes any socket a failing test left open
-
-
-@pytest.fixture
-def make(ctx):
-    """``make(endpoint, bind=..., **kw)`` -> a ZmqTransport closed at teardown."""
-    made: list[ZmqTransport] = []
-
-    def _make(endpoint: str, *, bind: bool, **kw) -> ZmqTransport:
-        kw.setdefault("timeout", T)
-        kw.setdefault("linger", 0.0)
-        t = ZmqTransport(endpoint, bind=bind, context=ctx, **kw)
-        made.append(t)
-        return t
-
-    yield _make
-    for t in made:
-        t.close()
-
-
-def _endpoint(scheme: str, tmp_path) -> str:
-    if scheme == "tcp":
-        return "tcp://127.0.0.1:0"
-    if scheme == "ipc":
-        return f"ipc://{tmp_path}/s"
-    return f"inproc://splitrl-test-{os.getpid()}-{next(_names)}"
-
-
-@pytest.fixture(params=["tcp", "ipc", "inproc"])
-def pair(request, make, tmp_path):
-    """(binder, connector) over every kind of endpoint."""
-    if request.param == "ipc" and (sys.platform == "win32" or len(str(tmp_path)) > 90):
-        pytest.skip("ipc needs a POSIX path shorter than sun_path")
-    binder = make(_endpoint(request.param, tmp_path), bind=True, name="stage0")  # name: who is at the other end
-    connector = make(binder.endpoint, bind=False, name="stage1")
-    return binder, connector
-
-
-@pytest.fixture
-def tcp_pair(make):
-    binder = make("tcp://127.0.0.1:0", bind=True, name="stage0")  # name: who is at the other end
-    connector = make(binder.endpoint, bind=False, name="stage1")
-    return binder, connector
-
-
-@pytest.fixture
-def raw_push(ctx):
-    """A bare PUSH socket connected to a transport's receiving (PULL) endpoint."""
-    sockets: list[zmq.Socket] = []
-
-    def _connect(endpoint: str) -> zmq.Socket:
-        sock = ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDTIMEO, int(T * 1000))
-        sock.connect(endpoint)
-        sockets.append(sock)
-        return sock
-
-    yield _connect
-    for sock in sockets:
-        sock.close(linger=0)
-
-
-def assert_same(a: dict, b: dict) -> None:
-    assert list(a) == list(b)
-    for name in a:
-        assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, equal_nan=True)
+from .zmq_support import T, assert_same, endpoint_for, unique_ids
 
 
 # -- round trips ---------------------------------------------------------------
@@ -222,7 +137,7 @@ def test_timeout_must_be_positive(make):
 
 def test_connector_queues_before_the_binder_exists(make):
     """Either side may start first: a connector's messages wait for the binder."""
-    endpoint = f"inproc://late-{os.getpid()}-{next(_names)}"
+    endpoint = f"inproc://late-{os.getpid()}-{next(unique_ids)}"
     connector = make(endpoint, bind=False)
     connector.send("early", {"a": torch.ones(2)}, timeout=0.5)
     binder = make(endpoint, bind=True)
@@ -244,7 +159,7 @@ GARBAGE = [
 @pytest.mark.parametrize("frames", GARBAGE, ids=range(len(GARBAGE)))
 @pytest.mark.parametrize("kind", ["tcp", "ipc", "inproc"])
 def test_garbage_is_a_protocol_error_and_the_receiver_keeps_working(make, raw_push, tmp_path, kind, frames):
-    binder = make(_endpoint(kind, tmp_path), bind=True, name="stage0")
+    binder = make(endpoint_for(kind, tmp_path), bind=True, name="stage0")
     raw = raw_push(binder.endpoint)  # the binder's one peer, speaking the documented bytes
     raw.send_multipart(frames)
     with pytest.raises(ProtocolError, match="from stage0"):
@@ -255,80 +170,6 @@ def test_garbage_is_a_protocol_error_and_the_receiver_keeps_working(make, raw_pu
     raw.send_multipart(encode("x", 0, tensors={"a": torch.ones(3)}))
     msg = binder.recv(timeout=T)
     assert msg.seq == 0 and torch.equal(msg.tensors["a"], torch.ones(3))
-
-
-@pytest.mark.parametrize("kind", ["tcp", "ipc"])
-def test_a_second_peer_is_refused_and_told_while_the_session_goes_on(make, raw_push, tmp_path, kind):
-    binder = make(_endpoint(kind, tmp_path), bind=True, name="stage0", heartbeat=5)
-    first = make(binder.endpoint, bind=False, name="stage1", heartbeat=5)
-    first.send("x")
-    assert binder.recv(timeout=T).kind == "x"
-    second = make(binder.endpoint, bind=False, name="stage1", heartbeat=5)
-    with pytest.raises(PeerGone, match="refused this connection: it is serving another peer"):
-        second.send("x")  # the refusal may come before its socket has anywhere to queue this: then here
-        second.recv(timeout=T)
-    stray = raw_push(binder.endpoint)  # a bare socket's frames never arrive
-    with contextlib.suppress(zmq.Again):  # (refused before its handshake ends, it may take none at all)
-        stray.send_multipart([b"\x00"])
-    first.send("y", {"a": torch.ones(2)})
-    binder.send("z")
-    assert binder.recv(timeout=T).kind == "y" and first.recv(timeout=T).kind == "z"
-    deadline = time.monotonic() + T  # both of second's sockets (and the stray one): the gate's thread counts them
-    while binder.gate.refused[BUSY] < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert binder.gate.refused[BUSY] >= 2
-    assert binder.meter.entry(INVALID_KIND, "recv").messages == 0
-
-
-def test_two_peers_reaching_for_one_place_together_leave_it_held_by_the_one_admitted(make, raw_push):
-    """Both accepted before either is answered: the gate cannot tell which one a ZAP request is from, and the
-    refused one's close must not count as the admitted one's (a fleet's edges racing for a place, where stage1
-    once declared edge 0 gone while it trained on)."""
-    binder = make("tcp://127.0.0.1:0", bind=True, name="stage0", heartbeat=5)
-    sockets = [raw_push(binder.endpoint) for _ in range(2)]
-    slot = binder.gate._slots[b"recv"]
-    deadline = time.monotonic() + T
-    while not (binder.gate.refused[BUSY] == 1 and len(slot.holders) == 1) and time.monotonic() < deadline:
-        time.sleep(0.01)  # until the refused connection's close has been read
-    assert binder.gate.refused[BUSY] == 1 and len(slot.holders) == 1
-    assert binder.gate.holder("recv") is not None and binder.gate.vacated_since("recv") is None
-    for sock in sockets:
-        sock.close(linger=0)
-    deadline = time.monotonic() + T
-    while binder.gate.vacated_since("recv") is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert binder.gate.holder("recv") is None and binder.gate.vacated_since("recv") is not None
-
-
-def test_the_gate_holds_a_place_until_every_connection_that_may_hold_it_has_closed():
-    """The bookkeeping alone, in the order that fooled the newest-accepted guess: accepted 3, accepted 4, the
-    request from 3 admitted, 4's refused; 4 closes (still held), 3 closes (vacated); a later peer is admitted."""
-    slot = _Slot("test")
-    slot.accepted(3)
-    slot.accepted(4)
-    assert slot.admit() and slot.generation == 1
-    assert not slot.admit()  # 4's request: busy
-    slot.closed(4, now=1.0)
-    assert slot.held and slot.vacated_at is None
-    slot.accepted(5)  # a stranger after the admission is not a holder
-    slot.closed(5, now=1.5)
-    assert slot.held
-    slot.closed(3, now=2.0)
-    assert not slot.held and slot.vacated_at == 2.0
-    slot.accepted(6)
-    assert slot.admit() and slot.generation == 2 and slot.vacated_at is None
-    slot.closed(6, now=3.0)
-    assert slot.vacated_at == 3.0
-    slot.accepted(7)
-    slot.closed(7, now=4.0)
-    assert slot.admit() and not slot.held and slot.generation == 2  # 7 asked after it had gone: nothing held
-    slot.accepted(8)  # a stranger that never greets, accepted before the next peer: it might be the holder...
-    slot.accepted(9)
-    assert slot.admit()
-    slot.closed(9, now=5.0)
-    assert slot.held  # ...until libzmq drops it at the handshake timeout
-    slot.closed(8, now=6.0)
-    assert not slot.held and slot.vacated_at == 6.0
 
 
 def test_limits_apply_on_receive(make):
@@ -377,7 +218,7 @@ def test_sequence_numbers_count_per_direction(pair):
 
 @pytest.mark.parametrize("kind", ["tcp", "ipc", "inproc"])
 def test_gap_from_a_raw_socket(make, raw_push, tmp_path, kind):
-    binder = make(_endpoint(kind, tmp_path), bind=True, name="stage0")
+    binder = make(endpoint_for(kind, tmp_path), bind=True, name="stage0")
     raw = raw_push(binder.endpoint)  # the binder's one peer
     for seq in range(2):
         raw.send_multipart(encode("x", seq))
@@ -543,127 +384,6 @@ def test_paired_endpoint_rejects(endpoint):
 def test_connect_to_an_unsupported_endpoint_is_a_value_error(ctx):
     with pytest.raises(ValueError, match="cannot connect"):
         ZmqTransport("udp://127.0.0.1:5555", bind=False, context=ctx, linger=0)
-
-
-# -- handshake ---------------------------------------------------------------------------
-
-SETTINGS = {"obs_shape": [3, 96, 96], "feature_dim": 256, "codec": "bf16", "seed": 1, "lr": 2.5e-4}
-
-
-def _both(binder, connector, binder_args, connector_args):
-    """Run the two handshakes concurrently; return (result or exception) per side."""
-    def run(transport, args):
-        try:
-            if transport is binder:
-                return answer_hello(transport, *args, timeout=T)
-            return handshake(transport, *args, timeout=T)
-        except Exception as exc:  # returned, not raised, so both sides can be checked
-            return exc
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(run, binder, binder_args)
-        mine = run(connector, connector_args)
-        theirs = future.result(timeout=3 * T)
-    return theirs, mine
-
-
-def test_handshake_success(pair):
-    binder, connector = pair
-    b, c = _both(binder, connector, ("stage1", "stage0", SETTINGS), ("stage0", "stage1", dict(SETTINGS)))
-    assert b["role"] == "stage0" and c["role"] == "stage1"
-    for hello in (b, c):
-        assert hello["proto"] == 1 and hello["settings_hash"] == settings_hash(SETTINGS)
-    assert b["settings"] == SETTINGS and "settings" not in c  # stage1 reveals its hash only
-    assert binder.session == connector.session and binder.session is not None
-    # the hellos were seq 0; the application's messages follow from 1
-    connector.send("obs")
-    assert binder.recv(timeout=T).seq == 1
-    assert binder.meter.entry("hello", "recv").messages == 1
-
-
-def test_handshake_mismatch_stops_both_sides_naming_the_settings(pair):
-    binder, connector = pair
-    other = dict(SETTINGS, codec="int8", seed=2)
-    b, c = _both(binder, connector, ("stage1", "stage0", SETTINGS), ("stage0", "stage1", other))
-    for err in (b, c):
-        assert isinstance(err, HandshakeError) and isinstance(err, ProtocolError)
-        text = str(err)
-        assert "codec" in text and "seed" in text and "lr" not in text and "feature_dim" not in text
-    assert "codec: stage1='bf16' stage0='int8'" in str(b)
-    assert "codec: stage0='int8'; seed: stage0=2; (stage1's values are in its log)" in str(c)
-    assert "bf16" not in str(c)
-
-
-def test_handshake_missing_setting_is_named(tcp_pair):
-    binder, connector = tcp_pair
-    fewer = {k: v for k, v in SETTINGS.items() if k != "seed"}
-    b, c = _both(binder, connector, ("stage1", "stage0", SETTINGS), ("stage0", "stage1", fewer))
-    assert "seed: stage1=1 stage0='<unset>'" in str(b)
-    assert "seed: stage0='<unset>'" in str(c) and "stage1=1" not in str(c)
-
-
-def test_handshake_wrong_role(tcp_pair):
-    binder, connector = tcp_pair
-    b, c = _both(binder, connector, ("stage0", "stage1", SETTINGS), ("stage0", "stage1", SETTINGS))
-    for err in (b, c):
-        assert isinstance(err, HandshakeError)
-        assert "expected a stage1, got 'stage0'" in str(err) and "same stage" in str(err)
-
-
-def test_handshake_unexpected_role(tcp_pair):
-    binder, connector = tcp_pair
-    b, c = _both(binder, connector, ("stage1", "stage0", SETTINGS), ("learner", "stage1", SETTINGS))
-    assert isinstance(b, HandshakeError) and "expected a stage0, got 'learner'" in str(b)
-    assert isinstance(c, dict)  # the learner is happy with its peer; its next recv will fail
-
-
-def test_the_initiator_rejects_a_non_hello_answer(tcp_pair):
-    binder, connector = tcp_pair
-    binder.send("obs")
-    with pytest.raises(HandshakeError, match="expected a 'hello' message, got 'obs'"):
-        handshake(connector, "stage0", "stage1", SETTINGS, timeout=T)
-
-
-def test_the_responder_drops_what_comes_before_the_hello(tcp_pair):
-    binder, connector = tcp_pair
-    connector._send_frames(encode("obs", 0), T)  # a stranger's message, as far as the responder can tell
-    b, c = _both(binder, connector, ("stage1", "stage0", SETTINGS), ("stage0", "stage1", SETTINGS))
-    assert b["role"] == "stage0" and c["role"] == "stage1"
-    assert binder.strangers == 1 and binder.meter.entry("_stranger", "recv").messages == 1
-
-
-def test_messages_of_another_session_are_dropped_and_counted(tcp_pair):
-    binder, connector = tcp_pair
-    _both(binder, connector, ("stage1", "stage0", SETTINGS), ("stage0", "stage1", SETTINGS))
-    other = connector.session % (2**32 - 1) + 1
-    # another session's message, one of no session, and frames that do not decode: dropped, not fatal
-    for frames in (encode("obs", 1, sid=other), encode("obs", 1), [b"\xc1"]):
-        connector._send_frames(frames, T)
-    connector.send("obs", header={"n": 3})
-    assert binder.recv(timeout=T).header == {"n": 3}
-    assert binder.strangers == 3 and binder.meter.entry("_stranger", "recv").messages == 3
-
-
-def test_handshake_times_out_without_a_peer(make):
-    connector = make("tcp://127.0.0.1:1", bind=False)  # queues the hello, nobody answers
-    with pytest.raises(TransportTimeout):
-        handshake(connector, "stage0", "stage1", SETTINGS, timeout=0.1)
-
-
-def test_settings_hash_is_canonical_json():
-    import hashlib
-
-    assert settings_hash({"b": 1, "a": [1.5, True, None]}) == hashlib.sha256(
-        b'{"a":[1.5,true,null],"b":1}'
-    ).hexdigest()
-    assert settings_hash({"a": 1, "b": 2}) == settings_hash({"b": 2, "a": 1})
-    assert settings_hash({"shape": (3, 96)}) == settings_hash({"shape": [3, 96]})
-    # the worked example in docs/PROTOCOL.md
-    example = {"shape": [3, 96, 96], "name": "café", "gamma": 0.99, "eps": 1e-05, "codec": "bf16"}
-    canonical = b'{"codec":"bf16","eps":1e-05,"gamma":0.99,"name":"caf\\u00e9","shape":[3,96,96]}'
-    assert settings_hash(example) == hashlib.sha256(canonical).hexdigest() == (
-        "2112db70da3a6f402a9c29f75558b7a61f5c1b8ceb930cfa1df12943d697edeb"
-    )
 
 
 def test_a_message_of_too_many_frames_is_dropped_part_by_part_and_the_link_goes_on(make, raw_push):
