@@ -1,7 +1,7 @@
 """The wire's fast path: what one transport remembers of its messages, so as not to redo work `wire` would.
 
 `FastWire` gives the frames of `wire.encode` and the decodes (messages and errors)
-of `wire.decode`, byte for byte and error for error; tests/transport/test_wire.py
+of `wire.decode`, byte for byte and error for error; tests/transport/test_fastwire.py
 compares the two on mutated frames. Each transport makes its own: what one link
 learnt never serves another, and a stranger's messages teach it nothing.
 
