@@ -18,11 +18,20 @@ def test_version():
     assert result.exit_code == 0 and result.output.startswith("splitrl ")
 
 
-@pytest.mark.parametrize("option, bad", [("--cut", "middle"), ("--action-map", "wrap"), ("--transport", "udp"),
-                                         ("--vector", "threads")])
+@pytest.mark.parametrize("option, bad", [("--action-map", "wrap"), ("--transport", "udp"), ("--vector", "threads")])
 def test_options_with_a_fixed_set_of_values_are_choices(option, bad):
     result = _run("stage0", option, bad)
     assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output and "is not one of" in result.output
+
+
+def test_the_model_and_the_cut_are_named_freely_and_a_model_that_is_none_is_refused_at_once():
+    """--cut takes any layer of the model (checked once the env's shape is known, `splitrl.models`); --model a
+    built-in or module:factory."""
+    text = " ".join(_run("stage0", "--help").output.split())
+    for option in ("--model TEXT", "--model-kwargs TEXT", "--cut TEXT", "--hidden INTEGER"):
+        assert option in text
+    result = _run("stage0", "--connect", "tcp://127.0.0.1:9", "--start-timeout", "600", "--model", "resnet")
+    assert result.exit_code == 2 and "--model 'resnet': unknown model (built-ins: nature, impala, mlp" in result.output
 
 
 def test_train_offers_no_link_options():

@@ -219,12 +219,12 @@ def test_the_run_length_is_checked_only_once_all_else_holds():
 
 
 def test_all_errors_are_reported_at_once():
-    settings = TrainSettings(seed=-1, cut="middle", env=EnvSettings(env_id="", frame_stack=0),
+    settings = TrainSettings(seed=-1, cut="", env=EnvSettings(env_id="", frame_stack=0),
                              ppo=PPOSettings(gamma=2.0, lr_heads=math.inf),
                              codecs=CodecSettings(codec_bwd="gzip"),
                              schedule=ScheduleSettings(rescore=True, encoder_sync="avg:every=0"))
     options = RunOptions(timeout=0.0, resume="runs/a", overwrite=True, learners=2)
-    expected = ["--seed must be >= 0, got -1", "--cut must be one of cnn, input, got 'middle'",
+    expected = ["--seed must be >= 0, got -1", "--cut must not be empty",
                 "--env-id must not be empty", "--frame-stack must be >= 1, got 0", "--gamma must be in [0, 1], got 2.0",
                 "--lr-heads must be > 0, got inf", "--codec-bwd: codec 'gzip'", "every must be >= 1, got 0",
                 "--rescore works with --async only", "--timeout must be > 0, got 0.0",
@@ -242,3 +242,12 @@ def test_the_command_line_refuses_every_problem_at_once_before_any_socket_opens(
     assert result.exit_code == 2, result.output
     for piece in ("--gamma must be in [0, 1]", "--timeout must be > 0", "--edges must be >= 1", "--rescore works"):
         assert piece in result.output, result.output
+
+
+def test_the_model_its_kwargs_the_cut_and_the_heads_width_are_shared_and_checked():
+    shared = TrainSettings(model="impala", model_kwargs="width=8", hidden=256, cut="fc").shared()
+    assert (shared["model"], shared["model_kwargs"], shared["hidden"], shared["cut"]) == ("impala", "width=8", 256, "fc")
+    assert TrainSettings(model="my_pkg.nets:encoder", cut="3").errors() == []
+    errors = TrainSettings(model="resnet", model_kwargs="width", hidden=0).errors()
+    assert errors == ["--model 'resnet': unknown model (built-ins: nature, impala, mlp; or a factory of your own as "
+                      "module:factory)", "--model-kwargs 'width': 'width' is not key=value", "--hidden must be >= 1, got 0"]

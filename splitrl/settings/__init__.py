@@ -2,7 +2,8 @@
 
 - `options`: the field machinery (`doc`), the option names, the one check of every declared range and choice
 - `sections`: the dataclasses (`TrainSettings` and its sections, both stages agree on them; `RunOptions`)
-- `specs`: parsers of the options that are small languages (codec specs, ``--exchange``, ``--env-kwargs``)
+- `specs`: parsers of the options that are small languages (codec specs, ``--exchange``, ``--env-kwargs``,
+  ``--model``)
 - `rules`: the one table of rules that tie several options together
 
 Fields that both stages must agree on (`TrainSettings.shared`) go into the handshake hash. Click options are
@@ -14,10 +15,11 @@ from .options import doc, field_errors, option_name
 from .rules import RULES, Rule
 from .sections import (ACTION_MAPS, BOTTLENECK_TRAINING, CUTS, PUBLISH, SCHEDULES, TRANSPORTS, VECTOR_MODES,
                        CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings)
-from .specs import (CODEC_NAMES, CODEC_STREAMS, ENCODER_SYNCS, EXCHANGES, FLEET_CODECS, OUTPUT_CODECS, SYNC_MODES,
-                    EncoderSync, Exchange)
+from .specs import (CODEC_NAMES, CODEC_STREAMS, ENCODER_SYNCS, EXCHANGES, FLEET_CODECS, MODEL_NAMES, OUTPUT_CODECS,
+                    SYNC_MODES, EncoderSync, Exchange)
 
 __all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "Exchange", "EXCHANGES", "ScheduleSettings", "SCHEDULES",
            "ENCODER_SYNCS", "EncoderSync", "FLEET_CODECS", "option_name", "SettingsError", "TrainSettings",
            "RunOptions", "ACTION_MAPS", "CUTS", "TRANSPORTS", "CODEC_NAMES", "CODEC_STREAMS", "VECTOR_MODES", "doc",
-           "field_errors", "Rule", "RULES", "PUBLISH", "BOTTLENECK_TRAINING", "SYNC_MODES", "OUTPUT_CODECS"]
+           "field_errors", "Rule", "RULES", "PUBLISH", "BOTTLENECK_TRAINING", "SYNC_MODES", "OUTPUT_CODECS",
+           "MODEL_NAMES"]

@@ -16,15 +16,17 @@ from typing import Any
 from ..errors import SettingsError
 from .options import doc, field_errors, to_argv
 from .rules import rule_errors
-from .specs import EncoderSync, Exchange, codec_spec, parse_env_kwargs, parse_link_budget
+from .specs import (MODEL_NAMES, EncoderSync, Exchange, check_model, codec_spec, parse_env_kwargs, parse_link_budget,
+                    parse_model_kwargs)
 
 __all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "ScheduleSettings", "TrainSettings", "RunOptions",
            "TRANSPORTS", "CUTS", "ACTION_MAPS", "VECTOR_MODES", "SCHEDULES", "PUBLISH", "BOTTLENECK_TRAINING"]
 
 TRANSPORTS = ("zmq", "tcp", "torch-rpc")
 CUTS = ("cnn", "input")
-"""Where the network is split: after the CNN (the paper's pipeline) or before its
-first layer (the paper's "cloud setup": raw observations cross the link)."""
+"""The cuts every model has: its default ('cnn': for the paper's network, after the CNN) and before its first
+layer ('input': the paper's "cloud setup", raw observations cross the link); ``--cut`` also takes a layer's name
+or number (`splitrl.models.network`)."""
 ACTION_MAPS = ("clip", "affine")
 VECTOR_MODES = ("auto", "sync", "async")
 
@@ -196,8 +198,15 @@ class TrainSettings:
 
     seed: int = doc(1, "seed of the environments, the initial weights, action sampling and minibatch order", min=0)
     total_steps: int = doc(409_600, "environment steps to train for (the paper: 100 iterations of 4096)")
-    cut: str = doc("cnn", "where the network is split: 'cnn' (after the encoder) or 'input' (cloud setup)",
-                   choices=CUTS)
+    model: str = doc("nature", f"the network: a built-in ({', '.join(MODEL_NAMES)}; nature is the paper's) or a "
+                               "factory of your own as module:factory (README: Bring your own network)",
+                     spec=check_model)
+    model_kwargs: str = doc("", "keyword arguments of --model's factory, 'key=value,key=value' (as --env-kwargs), "
+                                "e.g. 'width=8,blocks=1' for impala", spec=parse_model_kwargs)
+    cut: str = doc("cnn", "where the network is split: 'cnn' (the model's default: after the encoder), 'input' "
+                          "(cloud setup), or after a layer of the model, by name or number (0 is 'input')",
+                   nonempty=True)
+    hidden: int = doc(512, "width of the actor's and the critic's hidden layer", min=1)
     bottleneck: int = doc(0, "K > 0: the encoder ends with a learned linear projection of its 4096 features to K "
                              "values (the heads' first layers take K), trained end to end: the rollout's and "
                              "training's traffic and the replica's first layers shrink with K (0: none)", min=0,

@@ -1,14 +1,15 @@
 """Spec parsers: the options whose value is a small language of its own (``NAME[:key=value,...]``, a codec
 spec, ``key=value`` keyword arguments, a link rate), read into values, each error naming the option.
 
-The codecs' names live here too, so --help needs no torch import; their parsers are imported only when a spec
-is checked (the codecs import the transport; the settings stay import-light).
+The codecs' and the built-in models' names live here too, so --help needs no torch import; their parsers are
+imported only when a spec is checked (the codecs import the transport; the settings stay import-light).
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -17,7 +18,8 @@ from ..units import parse_rate
 from .options import bound_error
 
 __all__ = ["CODEC_NAMES", "CODEC_STREAMS", "EXCHANGES", "ENCODER_SYNCS", "SYNC_MODES", "OUTPUT_CODECS",
-           "FLEET_CODECS", "EncoderSync", "Exchange", "parse_env_kwargs", "codec_spec", "parse_link_budget",
+           "FLEET_CODECS", "MODEL_NAMES", "EncoderSync", "Exchange", "parse_kwargs", "parse_env_kwargs",
+           "parse_model_kwargs", "check_model", "codec_spec", "parse_link_budget",
            "parsed_codec", "codec_base"]
 
 CODEC_NAMES = ("fp32", "bf16", "fp16", "int8", "relu", "delta", "paper", "ef", "frames")
@@ -28,6 +30,9 @@ CODEC_STREAMS = {
     "bwd": ("fp32", "bf16", "fp16", "int8", "paper", "ef"),
 }
 """Which codecs each stream accepts (each codec's ``streams``), for --help; a test keeps it in step."""
+MODEL_NAMES = ("nature", "impala", "mlp")
+"""The built-in models of `splitrl.models.BUILTINS`, named here so --help needs no torch import; a test keeps
+them in step."""
 EXCHANGES = ("features", "replica")
 ENCODER_SYNCS = ("grad", "avg")
 SYNC_MODES = ("fp32", "bf16", "int8")
@@ -38,19 +43,41 @@ FLEET_CODECS = ("fp32", "bf16", "fp16", "int8", "relu")
 would be split across the edges (the rollout stream takes any codec: its state is per env)."""
 
 
-def parse_env_kwargs(text: str) -> dict[str, Any]:
-    """``--env-kwargs`` ('key=value,key=value') as the dict gym.make takes: numbers, True/False and None as in
-    Python, anything else a string; SettingsError naming a malformed item."""
+def parse_kwargs(text: str, option: str) -> dict[str, Any]:
+    """``option``'s 'key=value,key=value' as a dict: numbers, True/False and None as in Python, anything else a
+    string; SettingsError naming the option and a malformed item."""
     out: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, eq, raw = (part.strip() for part in item.partition("="))
         if not eq or not key.isidentifier():
-            raise SettingsError(f"--env-kwargs {text!r}: {item!r} is not key=value")
+            raise SettingsError(f"{option} {text!r}: {item!r} is not key=value")
         try:
             out[key] = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
             out[key] = raw
     return out
+
+
+def parse_env_kwargs(text: str) -> dict[str, Any]:
+    """``--env-kwargs`` as the dict gym.make takes (`parse_kwargs`)."""
+    return parse_kwargs(text, "--env-kwargs")
+
+
+def parse_model_kwargs(text: str) -> dict[str, Any]:
+    """``--model-kwargs`` as the keyword arguments of the model's factory (`parse_kwargs`)."""
+    return parse_kwargs(text, "--model-kwargs")
+
+
+_FACTORY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+
+def check_model(spec: str) -> str:
+    """``--model``: a built-in's name (`MODEL_NAMES`) or ``module:factory``; SettingsError if it is neither. The
+    factory's module is imported only when the network is built (`splitrl.models.network.resolve_model`)."""
+    if spec in MODEL_NAMES or _FACTORY.fullmatch(spec):
+        return spec
+    raise SettingsError(f"--model {spec!r}: unknown model (built-ins: {', '.join(MODEL_NAMES)}; or a factory of "
+                        "your own as module:factory)")
 
 
 def _named_params(cls: type, spec: str, option: str, names: tuple[str, ...],

@@ -1,4 +1,5 @@
-"""The heads' categorical actor (Discrete action spaces) behind the interface the Gaussian one has."""
+"""The heads: the categorical actor (Discrete action spaces) behind the Gaussian one's interface; groups scored
+together get what each gets alone."""
 
 import math
 

@@ -1,53 +1,14 @@
-"""The paper's agent, built whole and cut in two.
-
-The full network is one list of layers: observation scaling, the CNN encoder,
-then the actor-critic heads. Stage0 keeps the layers before the cut and stage1
-the rest, so every cut starts from the same initial weights as the unsplit agent.
-"""
+"""Stage1's network: the actor-critic heads that every model ends with, after the layers past the cut."""
 
 from __future__ import annotations
-
-import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from .ppo import Categorical, TanhGaussian, clamp_log_std
+from ..ppo import Categorical, TanhGaussian, clamp_log_std
+from .layers import layer_init
 
-if TYPE_CHECKING:
-    from .envs import EnvSpec
-    from .settings import TrainSettings
-
-__all__ = ["ScaleObs", "ActorCriticHeads", "agent", "build_agent", "layer_init"]
-
-
-def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
-    """Orthogonal weights and constant bias, as in CleanRL's PPO."""
-    nn.init.orthogonal_(layer.weight, std)
-    if layer.bias is not None:
-        nn.init.constant_(layer.bias, bias)
-    return layer
-
-
-class ScaleObs(nn.Module):
-    """uint8 pixels to float32 in [0, 1]; the first layer, so a cut before it sends bytes."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.float().div_(255.0)
-
-
-def _encoder_layers(in_channels: int) -> list[nn.Module]:
-    return [
-        ScaleObs(),
-        layer_init(nn.Conv2d(in_channels, 32, 8, stride=4)),
-        nn.ReLU(),
-        layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-        nn.ReLU(),
-        layer_init(nn.Conv2d(64, 64, 3, stride=1)),
-        nn.ReLU(),
-        nn.Flatten(),
-    ]
+__all__ = ["ActorCriticHeads", "SCORING_ROWS"]
 
 
 SCORING_ROWS = 64
@@ -78,8 +39,8 @@ class ActorCriticHeads(nn.Module):
         super().__init__()
         self.trunk = trunk
         self.input_dim = feature_dim if input_dim is None else input_dim
-        """The width of what the heads are given at a 'cnn' cut: the trunk's input (an autoencoder's decoder
-        widens it to ``feature_dim``)."""
+        """The width of the features the heads are given at a cut after the first layer: the trunk's input (the
+        layers past the cut, or an autoencoder's decoder, take it to ``feature_dim``)."""
         self.discrete = discrete
         self.critic = nn.Sequential(
             layer_init(nn.Linear(feature_dim, hidden)), nn.Tanh(), layer_init(nn.Linear(hidden, 1), std=1.0)
@@ -152,54 +113,3 @@ class ActorCriticHeads(nn.Module):
         """What stage0 is sent for ``action``: tanh(u) in [-1, 1] (B, A) float32 for Box actions (stage0 maps
         it onto the Box), the index itself (B,) int64 for discrete ones."""
         return action.long() if self.discrete else torch.tanh(action)
-
-
-def build_agent(
-    obs_shape: tuple[int, ...], action_dim: int, cut: str, seed: int, init_log_std: float = 0.0,
-    discrete: bool = False, bottleneck: int = 0, autoencoder: bool = False,
-) -> tuple[nn.Sequential, ActorCriticHeads]:
-    """(stage0 module, stage1 heads) for the cut 'cnn' or 'input', initialised from ``seed``.
-
-    ``discrete``: the heads' actor gives ``action_dim`` logits (a Discrete action space
-    of that many actions) instead of a Gaussian's mean (`ActorCriticHeads`).
-    ``bottleneck`` K > 0: the encoder ends with a learned linear projection of its
-    features to K values (orthogonal rows, no bias, no activation), so the heads' first
-    layers take K inputs: what crosses the cut ('cnn'), and the heads' first layers, shrink
-    with K. Trained end to end by PPO's loss like every other layer, or, with ``autoencoder``,
-    not by the loss at all (``requires_grad`` off): stage1 fits it and a decoder to reconstruct
-    the features (`splitrl.stages.autoencoder`). The decoder (K to the feature width, started
-    as the projection's transpose: an orthogonal projection's best linear inverse) is then the
-    heads' trunk, so the heads see the features as reconstructed.
-    The global RNG is left as it was, so building one stage in a process that also
-    runs the other changes nothing.
-    """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        layers = _encoder_layers(obs_shape[0])
-        with torch.no_grad():
-            feature_dim = nn.Sequential(*layers)(torch.zeros((1,) + tuple(obs_shape), dtype=torch.uint8)).shape[1]
-        trunk: list[nn.Module] = []
-        if bottleneck:
-            projection = layer_init(nn.Linear(feature_dim, bottleneck, bias=False), std=1.0)
-            layers.append(projection)
-            if autoencoder:
-                decoder = nn.Linear(bottleneck, feature_dim)
-                with torch.no_grad():
-                    decoder.weight.copy_(projection.weight.t())
-                    decoder.bias.zero_()
-                projection.requires_grad_(False)
-                trunk.append(decoder.requires_grad_(False))
-            else:
-                feature_dim = bottleneck
-        at = {"cnn": len(layers), "input": 0}[cut]
-        heads = ActorCriticHeads(nn.Sequential(*layers[at:], *trunk), feature_dim, action_dim,
-                                 init_log_std=init_log_std, discrete=discrete,
-                                 input_dim=bottleneck if trunk else None)
-    return nn.Sequential(*layers[:at]), heads
-
-
-def agent(settings: "TrainSettings", spec: "EnvSpec") -> tuple[nn.Sequential, ActorCriticHeads]:
-    """`build_agent` for a run's settings and its environment."""
-    return build_agent(spec.obs_shape, spec.action_dim, settings.cut, settings.seed, settings.ppo.init_log_std,
-                       discrete=spec.discrete, bottleneck=settings.bottleneck,
-                       autoencoder=settings.bottleneck_train == "autoencoder")

@@ -1,0 +1,132 @@
+"""The agent built whole from a seed and cut in two.
+
+The full network is one list of layers: the model's encoder (`splitrl.models.network`), an optional
+``--bottleneck`` projection at its end, then the actor-critic heads. Stage0 keeps the layers before the cut and
+stage1 the rest, so every cut starts from the same initial weights as the unsplit agent. Both stages' modules
+are `nn.Sequential` with numbered layers, whatever the layers' names: checkpoints and the weight exchanges name
+parameters by position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import SettingsError
+from ..settings.specs import parse_kwargs
+from .heads import ActorCriticHeads
+from .layers import layer_init
+from .network import make_network
+
+if TYPE_CHECKING:
+    from ..envs import EnvSpec
+    from ..settings import TrainSettings
+
+__all__ = ["build_agent", "agent", "spaces", "network_digest"]
+
+
+def spaces(obs_shape: tuple[int, ...], action_dim: int, discrete: bool = False) -> tuple[gym.Space, gym.Space]:
+    """What a factory is given: uint8 image observations of ``obs_shape`` (the env pipeline's, channels first),
+    and the actions as the policy gives them: ``action_dim`` indices, or a Box in [-1, 1] (stage0 maps it onto the
+    env's bounds)."""
+    observation = gym.spaces.Box(0, 255, tuple(obs_shape), np.uint8)
+    action = (gym.spaces.Discrete(action_dim) if discrete
+              else gym.spaces.Box(-1.0, 1.0, (action_dim,), np.float32))
+    return observation, action
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "(C, H, W)" if len(shape) == 3 else f"{len(shape)}-d"
+
+
+def build_agent(
+    obs_shape: tuple[int, ...], action_dim: int, cut: str, seed: int, init_log_std: float = 0.0,
+    discrete: bool = False, bottleneck: int = 0, autoencoder: bool = False, *, model: str = "nature",
+    model_kwargs: dict[str, Any] | None = None, hidden: int = 512,
+) -> tuple[nn.Sequential, ActorCriticHeads]:
+    """(stage0 module, stage1 heads) of ``model`` cut at ``cut`` (`splitrl.models.network`), from ``seed``.
+
+    ``discrete``: the heads' actor gives ``action_dim`` logits (a Discrete action space
+    of that many actions) instead of a Gaussian's mean (`ActorCriticHeads`); ``hidden``: the width of
+    the heads' hidden layer.
+    ``bottleneck`` K > 0: the encoder ends with a learned linear projection of its
+    features to K values (orthogonal rows, no bias, no activation), so the heads' first
+    layers take K inputs: what crosses the default cut, and the heads' first layers, shrink
+    with K. Trained end to end by PPO's loss like every other layer, or, with ``autoencoder``,
+    not by the loss at all (``requires_grad`` off): stage1 fits it and a decoder to reconstruct
+    the features (`splitrl.stages.autoencoder`). The decoder (K to the feature width, started
+    as the projection's transpose: an orthogonal projection's best linear inverse) is then the
+    heads' trunk, so the heads see the features as reconstructed.
+    A cut after the first layer must leave stage0 parameters and send a flat (B, F) activation; SettingsError
+    otherwise. The global RNG is left as it was, so building one stage in a process that also
+    runs the other changes nothing.
+    """
+    observation_space, action_space = spaces(obs_shape, action_dim, discrete)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        network = make_network(model, dict(model_kwargs or {}), observation_space, action_space)
+        shapes = network.shapes(observation_space)
+        if len(shapes[-1]) != 1:
+            raise SettingsError(f"model {model!r} ends with a {_dims(shapes[-1])} activation {shapes[-1]}; the heads "
+                                "take flat (B, F) features: end it with a flatten")
+        feature_dim = shapes[-1][0]
+        trunk: list[nn.Module] = []
+        if bottleneck:
+            projection = layer_init(nn.Linear(feature_dim, bottleneck, bias=False), std=1.0)
+            network = network.appended("projection", projection)
+            shapes.append((bottleneck,))
+            if autoencoder:
+                decoder = nn.Linear(bottleneck, feature_dim)
+                with torch.no_grad():
+                    decoder.weight.copy_(projection.weight.t())
+                    decoder.bias.zero_()
+                projection.requires_grad_(False)
+                trunk.append(decoder.requires_grad_(False))
+            else:
+                feature_dim = bottleneck
+        layers = network.modules
+        at = network.cut_index(cut)
+        if at:
+            if len(shapes[at]) != 1:
+                raise SettingsError(f"cut {str(cut).strip()!r} of model {model!r} crosses a {_dims(shapes[at])} "
+                                    f"activation {shapes[at]}; only flat activations cross the link so far")
+            if autoencoder and at != len(layers):
+                raise SettingsError(f"--bottleneck-train autoencoder needs the cut after the projection at the end of "
+                                    f"model {model!r}'s encoder, got {str(cut).strip()!r}")
+            if not any(True for layer in layers[:at] for _ in layer.parameters()):
+                raise SettingsError(f"cut {str(cut).strip()!r} of model {model!r} leaves stage0 no parameters; "
+                                    "use --cut input")
+        heads = ActorCriticHeads(nn.Sequential(*layers[at:], *trunk), feature_dim, action_dim, hidden,
+                                 init_log_std=init_log_std, discrete=discrete,
+                                 input_dim=shapes[at][0] if at else None)
+    return nn.Sequential(*layers[:at]), heads
+
+
+def agent(settings: "TrainSettings", spec: "EnvSpec") -> tuple[nn.Sequential, ActorCriticHeads]:
+    """`build_agent` for a run's settings and its environment; SettingsError where the settings' model, cut
+    and exchange do not fit together."""
+    encoder, heads = build_agent(
+        spec.obs_shape, spec.action_dim, settings.cut, settings.seed, settings.ppo.init_log_std,
+        discrete=spec.discrete, bottleneck=settings.bottleneck, autoencoder=settings.bottleneck_train == "autoencoder",
+        model=settings.model, model_kwargs=parse_kwargs(settings.model_kwargs, "--model-kwargs"),
+        hidden=settings.hidden)
+    decoder = 1 if settings.bottleneck_train == "autoencoder" else 0
+    if len(encoder) and len(heads.trunk) > decoder and settings.codecs.exchange.partition(":")[0] == "replica":
+        raise SettingsError(f"--exchange replica needs the cut at the end of the encoder of model {settings.model!r} "
+                            f"(stage0's replica holds the heads alone); cut {settings.cut!r} leaves stage1 "
+                            f"{len(heads.trunk) - decoder} of its layers")
+    return encoder, heads
+
+
+def network_digest(*modules: nn.Module) -> str:
+    """SHA-256 (hex) of the parameters' and buffers' names and shapes of ``modules`` in order: equal where two
+    processes built the same network, whatever its weights."""
+    layout = [[i, name, list(t.shape)] for i, module in enumerate(modules)
+              for name, t in (*module.named_parameters(), *module.named_buffers())]
+    return hashlib.sha256(json.dumps(layout, separators=(",", ":")).encode()).hexdigest()

@@ -1,0 +1,72 @@
+"""The built-in models: their layers' names and output shapes on CarRacing's (4, 84, 84) uint8 observations, and
+IMPALA's encoder trained split as its single-process twin trains it."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from splitrl.errors import SettingsError
+from splitrl.models import build_agent, make_network, spaces
+
+from .twin import split_matches_twin
+
+OBS = (4, 84, 84)
+
+
+def _shapes(model, **kwargs):
+    obs, act = spaces(OBS, 3)
+    network = make_network(model, kwargs, obs, act)
+    return list(zip(["input"] + network.names, network.shapes(obs)))
+
+
+def test_nature_layers_and_shapes():
+    assert _shapes("nature") == [("input", OBS), ("scale", OBS), ("conv1", (32, 20, 20)), ("relu1", (32, 20, 20)),
+                                 ("conv2", (64, 9, 9)), ("relu2", (64, 9, 9)), ("conv3", (64, 7, 7)),
+                                 ("relu3", (64, 7, 7)), ("flatten", (3136,))]
+
+
+def test_impala_layers_and_shapes():
+    assert _shapes("impala") == [("input", OBS), ("scale", OBS), ("stack1", (16, 42, 42)), ("stack2", (32, 21, 21)),
+                                 ("stack3", (32, 11, 11)), ("flatten", (3872,)), ("fc", (256,))]
+    assert _shapes("impala", width=4, blocks=1, features=32)[-3:] == [("stack3", (8, 11, 11)), ("flatten", (968,)),
+                                                                       ("fc", (32,))]
+    obs, act = spaces(OBS, 3)
+    stack = make_network("impala", {}, obs, act).modules[1]
+    assert sum(type(m).__name__ == "ResidualBlock" for m in stack) == 2  # two residual blocks a stack
+
+
+def test_impala_cuts_at_flat_activations_only():
+    kwargs = {"width": 4, "blocks": 1, "features": 32}
+    encoder, heads = build_agent(OBS, 3, "flatten", seed=1, model="impala", model_kwargs=kwargs)
+    x = torch.randint(0, 256, (2,) + OBS, dtype=torch.uint8)
+    assert encoder(x).shape == (2, 968) and heads.input_dim == 968 and heads.critic[0].in_features == 32
+    with pytest.raises(SettingsError) as info:
+        build_agent(OBS, 3, "stack2", seed=1, model="impala", model_kwargs=kwargs)
+    assert str(info.value) == ("cut 'stack2' of model 'impala' crosses a (C, H, W) activation (8, 21, 21); only flat "
+                               "activations cross the link so far")
+
+
+def test_mlp_layers_and_shapes_on_vectors_and_its_refusal_of_images():
+    obs = gym.spaces.Box(-np.inf, np.inf, (11,), np.float32)
+    network = make_network("mlp", {"width": 32, "depth": 3}, obs, gym.spaces.Box(-1, 1, (3,), np.float32))
+    assert network.names == ["fc1", "fc2", "fc3"] and network.shapes(obs) == [(11,), (32,), (32,), (32,)]
+    with pytest.raises(SettingsError) as info:
+        build_agent(OBS, 3, "cnn", seed=1, model="mlp")
+    message = str(info.value)
+    assert message.startswith("model 'mlp' needs a 1-d Box observation (a state vector), got Box(0, 255, (4, 84, 84), "
+                              "uint8); splitrl's environments give image observations only so far")
+    assert "\n" not in message
+
+
+def test_a_builtins_bad_kwargs_are_one_line():
+    with pytest.raises(SettingsError, match=r"^model 'impala': width must be a whole number >= 1, got 0$"):
+        build_agent(OBS, 3, "cnn", seed=1, model="impala", model_kwargs={"width": 0})
+
+
+def test_impala_trains_split_as_its_twin(tmp_path, spawn):
+    metrics = split_matches_twin(tmp_path, spawn, "--model", "impala", "--model-kwargs", "width=4,blocks=1,features=32",
+                                 "--hidden", "16")
+    assert "net/train_fwd/sent_bytes" in metrics[-1]
