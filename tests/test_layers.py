@@ -114,5 +114,5 @@ def test_the_walk_sees_lazy_and_type_checking_imports():
     graph = import_graph()
     # splitrl.settings.specs imports the codecs inside a function (to validate codec specs).
     assert "splitrl.codecs" in graph["splitrl.settings.specs"]
-    # splitrl.models names EnvSpec and TrainSettings for type checkers only: counted all the same.
-    assert {"splitrl.envs", "splitrl.settings"} <= graph["splitrl.models"]
+    # splitrl.models.build names EnvSpec and TrainSettings for type checkers only: counted all the same.
+    assert {"splitrl.envs", "splitrl.settings"} <= graph["splitrl.models.build"]
