@@ -34,6 +34,12 @@ def test_the_model_and_the_cut_are_named_freely_and_a_model_that_is_none_is_refu
     assert result.exit_code == 2 and "--model 'resnet': unknown model (built-ins: nature, impala, mlp" in result.output
 
 
+def test_a_cut_the_model_has_not_is_refused_before_any_socket_or_run_directory(tmp_path):
+    result = _run("stage1", "--bind", "tcp://127.0.0.1:0", "--cut", "bogus", "--run-dir", str(tmp_path / "run"))
+    assert result.exit_code == 2 and "cut 'bogus' is not a layer of model 'nature'" in result.output
+    assert "conv1" in result.output and not (tmp_path / "run").exists()
+
+
 def test_train_offers_no_link_options():
     train = _run("train", "--help").output
     stage1 = _run("stage1", "--help").output

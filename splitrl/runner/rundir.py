@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..envs import EnvSpec, inspect_env
+from ..models import agent
 from ..runs import RunLog, check_fresh, checkpoint_iterations, default_run_dir, read_metrics
 from ..settings import RunOptions, SettingsError, TrainSettings
 from ..stages import STAGE0, STAGE1
@@ -33,6 +34,7 @@ def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[En
     this run's, but for ``total_steps``) or ``--overwrite`` (its metrics, episodes and checkpoints go)."""
     settings.validate(options)
     spec = inspect_env(settings.env)
+    agent(settings, spec)  # the model, its kwargs and the cut: a SettingsError now rather than after the link opens
     if options.threads:
         torch.set_num_threads(options.threads)
     run_dir = options.resume or options.run_dir or default_run_dir(settings.env.env_id)
