@@ -1,6 +1,7 @@
 """Link shaping with tc (`splitrl netem`) and network namespaces joined by a shaped veth pair.
 
-`tc` builds, runs and reads tc commands for one interface; `netns` makes the
+`tc` runs tc commands for one interface (`shaping` builds them, `qdiscs` reads
+tc's JSON back in words; `tc` re-exports both); `netns` makes the
 namespaces (two joined by a shaped veth pair, or one with only its loopback)
 and starts processes inside. Neither knows what runs there (the lab's training
 runs are `splitrl.lab`) and neither imports torch: the commands stay
