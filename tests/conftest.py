@@ -26,6 +26,29 @@ def splitrl_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "splitrl", *args]
 
 
+def splitrl_here(*args: str, code: int | None = 0):
+    """``splitrl ARGS`` in this process (click's CliRunner): the command parses and runs as it does in its own
+    process, without a fresh interpreter importing torch. The group's logging and signal setup is left out;
+    the torch thread count a command sets (``--threads``) is put back after. Asserts the exit code ``code``
+    (None: any) and returns click's Result (``exit_code``, ``stdout``, ``stderr``, ``output``)."""
+    import traceback
+
+    import torch
+    from click.testing import CliRunner
+
+    from splitrl.cli import main
+
+    threads = torch.get_num_threads()
+    try:
+        result = CliRunner().invoke(main.commands[args[0]], list(args[1:]))
+    finally:
+        torch.set_num_threads(threads)
+    if code is not None and result.exit_code != code:
+        detail = "".join(traceback.format_exception(*result.exc_info)) if result.exc_info else ""
+        raise AssertionError(f"splitrl {args[0]}: exit {result.exit_code}, not {code}:\n{result.output[-3000:]}\n{detail}")
+    return result
+
+
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
