@@ -1,6 +1,10 @@
+import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +28,29 @@ TINY = [
 
 def splitrl_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "splitrl", *args]
+
+
+def splitrl_here(*args: str, code: int | None = 0):
+    """``splitrl ARGS`` in this process (click's CliRunner): the command parses and runs as it does in its own
+    process, without a fresh interpreter importing torch. The group's logging and signal setup is left out;
+    the torch thread count a command sets (``--threads``) is put back after. Asserts the exit code ``code``
+    (None: any) and returns click's Result (``exit_code``, ``stdout``, ``stderr``, ``output``)."""
+    import traceback
+
+    import torch
+    from click.testing import CliRunner
+
+    from splitrl.cli import main
+
+    threads = torch.get_num_threads()
+    try:
+        result = CliRunner().invoke(main.commands[args[0]], list(args[1:]))
+    finally:
+        torch.set_num_threads(threads)
+    if code is not None and result.exit_code != code:
+        detail = "".join(traceback.format_exception(*result.exc_info)) if result.exc_info else ""
+        raise AssertionError(f"splitrl {args[0]}: exit {result.exit_code}, not {code}:\n{result.output[-3000:]}\n{detail}")
+    return result
 
 
 def child_env() -> dict[str, str]:
@@ -65,7 +92,8 @@ class Proc:
         if self.popen.poll() is None:
             self.popen.kill()
             self.popen.wait(10)
-        self._out.close()
+        if self._out is not None:
+            self._out.close()
 
 
 @pytest.fixture
@@ -75,6 +103,103 @@ def spawn(tmp_path):
 
     def start(*args: str) -> Proc:
         proc = Proc(args, tmp_path / f"proc{len(procs)}-{args[0]}.log")
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.stop()
+
+
+class _Warm:
+    """The warm interpreter of `tests.warm`, and the exit codes of the processes it forked."""
+
+    def __init__(self) -> None:
+        self.popen = subprocess.Popen(splitrl_cmd()[:1] + ["-m", "tests.warm"], env=child_env(), cwd=ROOT,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.pids: queue.Queue[int] = queue.Queue()
+        self.codes: dict[int, int] = {}
+        self.ended = threading.Condition()
+        self.lock = threading.Lock()
+        threading.Thread(target=self._read, name="warm", daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.popen.stdout:
+            message = json.loads(line)
+            if "pid" in message:
+                self.pids.put(message["pid"])
+            else:
+                with self.ended:
+                    pid, code = message["exit"]
+                    self.codes[pid] = code
+                    self.ended.notify_all()
+
+    def fork(self, args: tuple[str, ...], log: Path) -> int:
+        with self.lock:
+            self.popen.stdin.write((json.dumps({"args": list(args), "log": str(log)}) + "\n").encode())
+            self.popen.stdin.flush()
+            return self.pids.get(timeout=120)
+
+    def close(self) -> None:
+        self.popen.stdin.close()
+        self.popen.wait(30)
+
+
+class _Forked:
+    """A process `_Warm` forked, seen as the part of `subprocess.Popen` that `Proc` and the tests use."""
+
+    def __init__(self, warm: _Warm, pid: int, args: tuple[str, ...]) -> None:
+        self.warm, self.pid, self.args = warm, pid, args
+
+    @property
+    def returncode(self) -> int | None:
+        return self.warm.codes.get(self.pid)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self.warm.ended:
+            if not self.warm.ended.wait_for(lambda: self.pid in self.warm.codes, timeout):
+                raise subprocess.TimeoutExpired(list(self.args), timeout)
+        return self.warm.codes[self.pid]
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class WarmProc(Proc):
+    """`Proc` for ``splitrl ARGS`` forked from the warm interpreter: a process of its own, without the imports."""
+
+    def __init__(self, args: tuple[str, ...], log: Path, warm: _Warm) -> None:
+        self.log, self._out = log, None
+        log.touch()
+        self.popen = _Forked(warm, warm.fork(args, log), args)
+
+
+@pytest.fixture(scope="session")
+def _warm():
+    warm = _Warm()
+    yield warm
+    warm.close()
+
+
+@pytest.fixture
+def spawn_warm(tmp_path, _warm):
+    """As `spawn`, the processes forked from a warm interpreter (`tests.warm`) that has imported torch and
+    splitrl already: for split runs, where two processes and the link between them are the point, not the
+    interpreter's start."""
+    procs: list[Proc] = []
+
+    def start(*args: str) -> Proc:
+        proc = WarmProc(args, tmp_path / f"proc{len(procs)}-{args[0]}.log", _warm)
         procs.append(proc)
         return proc
 

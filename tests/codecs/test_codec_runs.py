@@ -1,7 +1,10 @@
-"""Short split runs with codecs: they complete, and the link meters show the bytes they save.
+"""Short runs with codecs: they complete, and the link meters show the bytes they save.
 
 Every ratio is against the same tiny run with fp32 on the link, measured by the
-transport (stage0's meters: it sends step/train_fwd and receives train_bwd).
+transport (stage0's meters: it sends step/train_fwd and receives train_bwd). The runs
+train as the twin in this process: its in-process link frames and meters every message
+as a socket does. One configuration, `SPLIT`, also runs split over loopback
+(`splitrl run`), and its meters must equal its twin's.
 """
 
 import json
@@ -23,25 +26,32 @@ RUNS = {
 }
 
 
+SPLIT = "lean"
+"""The configuration also run split: stateful codecs on every stream (delta's cache, error feedback's residual),
+each kept on both stages, and zstd."""
+
+
+def _read(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Run every configuration once (split over loopback), in parallel pairs to save time."""
-    from ..conftest import Proc
+    """Run every configuration once as the twin in this process, and `SPLIT` split over loopback beside them."""
+    from ..conftest import Proc, splitrl_here
 
     base = tmp_path_factory.mktemp("codec-runs")
-    out: dict[str, list[dict]] = {}
-    names = list(RUNS)
-    for pair in (names[i: i + 2] for i in range(0, len(names), 2)):
-        procs = {}
-        for name in pair:
-            procs[name] = Proc(("run", "--run-dir", str(base / name), *TINY, *RUNS[name]), base / f"{name}.log")
-        for name, proc in procs.items():
-            try:
-                code, text = proc.finish(timeout=240)
-            finally:
-                proc.stop()
-            assert code == 0, f"{name}:\n{text}"
-            out[name] = [json.loads(line) for line in (base / name / "metrics.jsonl").read_text().splitlines()]
+    split = Proc(("run", "--run-dir", str(base / "split"), *TINY, *RUNS[SPLIT]), base / "split.log")
+    try:
+        out: dict[str, list[dict]] = {}
+        for name in RUNS:
+            splitrl_here("train", "--run-dir", str(base / name), *TINY, *RUNS[name])
+            out[name] = _read(base / name)
+        code, text = split.finish(timeout=240)
+    finally:
+        split.stop()
+    assert code == 0, f"split {SPLIT}:\n{text}"
+    out["_split"] = _read(base / "split")
     out["_base"] = base
     return out
 
@@ -60,6 +70,16 @@ STEP, FWD, BWD = "net/step/sent_bytes", "net/train_fwd/sent_bytes", "net/train_b
 def test_every_codec_run_completes_both_iterations(runs):
     for name in RUNS:
         assert [r["iteration"] for r in runs[name]] == [1, 2], name
+
+
+def test_the_split_run_meters_what_its_twin_does(runs):
+    """What makes the twins' byte counts a split run's: the same frames on the same meters, over a socket."""
+    volatile = ("time/", "cpu/", "charts/SPS")
+    split, twin = ([{k: v for k, v in r.items() if not k.startswith(volatile)} for r in runs[name]]
+                   for name in ("_split", SPLIT))
+    assert [r["iteration"] for r in split] == [1, 2]
+    assert split == twin
+    assert split[-1]["net/train_bwd/recv_bytes"] > 0
 
 
 def test_learning_table_has_a_row_per_run_with_its_codecs_and_ratio(runs, tmp_path):

@@ -2,7 +2,6 @@
 
 import dataclasses
 import json
-import subprocess
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from splitrl.settings import CodecSettings, ScheduleSettings, TrainSettings
 from splitrl.stages.budget import LinkBudget, codec_ladder, exchange_ladder
 from splitrl.transport import ProtocolError
 
-from ..conftest import TINY, child_env, splitrl_cmd
+from ..conftest import TINY, splitrl_here
 
 
 def test_each_ladder_starts_at_the_configured_codec_and_only_gets_leaner():
@@ -148,12 +147,12 @@ second of compute against ~1 MB of fp32 training features an iteration, however 
 a loaded machine's slow iteration was allowed enough bytes to stop the gradients a level higher."""
 
 
-def test_a_split_run_within_a_budget_chooses_leaner_codecs_and_says_so(tmp_path, spawn):
+def test_a_split_run_within_a_budget_chooses_leaner_codecs_and_says_so(tmp_path, spawn_warm):
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
     run = tmp_path / "split"
     args = [*BUDGET, "--timeout", "60", "--start-timeout", "60"]
-    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(run), *args)
-    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(run), *args)
+    s1 = spawn_warm("stage1", "--bind", endpoint, "--run-dir", str(run), *args)
+    s0 = spawn_warm("stage0", "--connect", endpoint, "--run-dir", str(run), *args)
     code0, out0 = s0.finish(timeout=300)
     code1, out1 = s1.finish(timeout=30)
     assert code0 == 0 and code1 == 0, out0 + out1
@@ -171,11 +170,8 @@ def test_a_split_run_within_a_budget_chooses_leaner_codecs_and_says_so(tmp_path,
 def test_the_replica_exchange_lengthens_its_periods_on_both_stages(tmp_path):
     """Stage0 and stage1 must agree on when an update follows a minibatch: a twin run finishes only if they do."""
     run = tmp_path / "twin"
-    done = subprocess.run(splitrl_cmd("train", "--run-dir", str(run), *TINY[:1], "96", *TINY[2:], "--codec-fwd", "bf16",
-                                      "--codec-bwd", "bf16", "--exchange", "replica:last_every=1,all_every=2",
-                                      "--link-budget", "100kbit"),
-                          env=child_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    splitrl_here("train", "--run-dir", str(run), *TINY[:1], "96", *TINY[2:], "--codec-fwd", "bf16", "--codec-bwd",
+                 "bf16", "--exchange", "replica:last_every=1,all_every=2", "--link-budget", "100kbit")
     first, second, _ = _records(run)
     assert second["budget/level/exchange"] > 0
     assert second["net/heads/recv_bytes"] < first["net/heads/recv_bytes"]

@@ -2,7 +2,6 @@
 run that computes what its twin does, bit for bit."""
 
 import json
-import subprocess
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from splitrl.stages import Edge, Learner
 from splitrl.transport import ProtocolError
 from splitrl.transport.wire import Message
 
-from ..conftest import TINY, child_env, splitrl_cmd
+from ..conftest import TINY, splitrl_here
 from ..dots import DOTS_ENV_ID
 
 SETTINGS = TrainSettings(env=EnvSettings(env_id=DOTS_ENV_ID, num_envs=2, max_episode_steps=20),
@@ -122,7 +121,8 @@ TWO_ENVS = ["--num-envs", "2", "--total-steps", "128"]
 
 
 def _split_and_twin(tmp_path, spawn, args):
-    """Train ``args`` split over ZeroMQ and as the twin; assert both end with the same weights and metrics."""
+    """Train ``args`` split over ZeroMQ and as the twin (in this process); assert both end with the same weights
+    and metrics."""
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
     split_dir, twin_dir = tmp_path / "split", tmp_path / "twin"
     s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(split_dir), *args, *LINK)
@@ -131,9 +131,7 @@ def _split_and_twin(tmp_path, spawn, args):
     code1, out1 = s1.finish(timeout=30)
     assert code0 == 0, out0
     assert code1 == 0, out1
-    twin = subprocess.run(splitrl_cmd("train", "--run-dir", str(twin_dir), *args), env=child_env(),
-                          capture_output=True, text=True, timeout=240)
-    assert twin.returncode == 0, twin.stderr[-3000:]
+    splitrl_here("train", "--run-dir", str(twin_dir), *args)
     for stage, key in (("stage0", "net"), ("stage1", "heads")):
         split_state, twin_state = _load(split_dir, stage)[key], _load(twin_dir, stage)[key]
         assert split_state.keys() == twin_state.keys()
@@ -152,8 +150,8 @@ def _split_and_twin(tmp_path, spawn, args):
     ["--codec-rollout", "int8", "--exchange", "replica:last_every=1,all_every=3"],
     TWO_ENVS + ["--rollout-groups", "2", "--microbatches", "2"],
 ], ids=["cnn", "input", "replica", "pipelined"])
-def test_a_discrete_pixel_env_trains_split_and_twin_bit_identically(tmp_path, spawn, extra):
-    split_dir = _split_and_twin(tmp_path, spawn, DOTS + extra)
+def test_a_discrete_pixel_env_trains_split_and_twin_bit_identically(tmp_path, spawn_warm, extra):
+    split_dir = _split_and_twin(tmp_path, spawn_warm, DOTS + extra)
     config = json.loads((split_dir / "config-stage0.json").read_text())
     assert config["env_spec"]["discrete"] and config["env_spec"]["action_dim"] == 3
     _, initial = build_agent((4, 48, 48), 3, "input" if "input" in extra else "cnn", 1, discrete=True)
@@ -163,9 +161,7 @@ def test_a_discrete_pixel_env_trains_split_and_twin_bit_identically(tmp_path, sp
     episodes = [json.loads(line) for line in (split_dir / "episodes.jsonl").read_text().splitlines()]
     assert episodes, "no episode ended"
     if not extra:  # and `splitrl eval` scores it with its most likely actions, the same twice
-        runs = [subprocess.run(splitrl_cmd("eval", str(split_dir), "--episodes", "2"), env=child_env(),
-                               capture_output=True, text=True, timeout=120) for _ in range(2)]
-        assert runs[0].returncode == 0, runs[0].stderr[-3000:]
+        runs = [splitrl_here("eval", str(split_dir), "--episodes", "2") for _ in range(2)]
         assert "over 2 episodes" in runs[0].stdout and runs[0].stdout == runs[1].stdout
 
 
@@ -175,8 +171,8 @@ ATARI = [*TINY, "--env-id", "ale_py:ALE/Pong-v5", "--env-kwargs", "frameskip=1",
          "--frame-stack", "4", "--frame-skip", "4"]
 
 
-def test_an_atari_game_trains_split_and_twin_bit_identically(tmp_path, spawn):
+def test_an_atari_game_trains_split_and_twin_bit_identically(tmp_path, spawn_warm):
     pytest.importorskip("ale_py", reason="the atari extra (ale-py) is not installed")
-    split_dir = _split_and_twin(tmp_path, spawn, ATARI)
+    split_dir = _split_and_twin(tmp_path, spawn_warm, ATARI)
     spec = json.loads((split_dir / "config-stage0.json").read_text())["env_spec"]
     assert spec["discrete"] and spec["action_dim"] == 6 and spec["obs_shape"] == [4, 84, 84]

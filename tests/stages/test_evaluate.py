@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 
@@ -12,21 +11,15 @@ import pytest
 from splitrl.runs import iteration_bytes, link_bytes
 from splitrl.stages.evaluate import EVAL_SEED_OFFSET
 
-from ..conftest import TINY, child_env, splitrl_cmd
+from ..conftest import TINY, splitrl_here
 
 VOLATILE = ("time/", "cpu/", "charts/SPS", "eval/")
-
-
-def _splitrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    done = subprocess.run(splitrl_cmd(*args), env=child_env(), capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return done
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("eval") / "run"
-    _splitrl("train", "--run-dir", str(run), *TINY)
+    splitrl_here("train", "--run-dir", str(run), *TINY)
     return run
 
 
@@ -35,30 +28,28 @@ def _metrics(run: Path) -> list[dict]:
 
 
 def test_eval_scores_the_same_seeds_the_same_and_writes_eval_jsonl(trained):
-    first = _splitrl("eval", str(trained), "--episodes", "2", "--threads", "1")
-    again = _splitrl("eval", str(trained), "--episodes", "2", "--threads", "1")
+    first = splitrl_here("eval", str(trained), "--episodes", "2", "--threads", "1")
+    again = splitrl_here("eval", str(trained), "--episodes", "2", "--threads", "1")
     assert "over 2 episodes" in first.stdout and first.stdout == again.stdout
     rows = [json.loads(line) for line in (trained / "eval.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and rows[0]["returns"] == rows[1]["returns"] and rows[0]["iteration"] == 2
     assert rows[0]["seed"] == 1 + EVAL_SEED_OFFSET and rows[0]["lengths"] == [20, 20]  # --max-episode-steps 20
-    other = _splitrl("eval", str(trained), "--episodes", "2", "--seed", "7", "--sample", "--iteration", "1")
+    other = splitrl_here("eval", str(trained), "--episodes", "2", "--seed", "7", "--sample", "--iteration", "1")
     assert json.loads((trained / "eval.jsonl").read_text().splitlines()[-1])["returns"] != rows[0]["returns"]
     assert "sampled" in other.stdout and "iteration 1:" in other.stdout
 
 
 def test_eval_refuses_what_it_cannot_load(trained, tmp_path):
-    missing = subprocess.run(splitrl_cmd("eval", str(trained), "--iteration", "9"), env=child_env(),
-                             capture_output=True, text=True, timeout=120)
-    assert missing.returncode == 2 and "no checkpoint pair of it; there are [1, 2]" in missing.stderr
-    empty = subprocess.run(splitrl_cmd("eval", str(tmp_path)), env=child_env(), capture_output=True, text=True,
-                           timeout=120)
-    assert empty.returncode == 2 and "not a run directory" in empty.stderr
+    missing = splitrl_here("eval", str(trained), "--iteration", "9", code=None)
+    assert missing.exit_code == 2 and "no checkpoint pair of it; there are [1, 2]" in missing.stderr
+    empty = splitrl_here("eval", str(tmp_path), code=None)
+    assert empty.exit_code == 2 and "not a run directory" in empty.stderr
 
 
 def test_video_is_a_playable_mp4_of_every_episode(trained, tmp_path):
     from moviepy import VideoFileClip  # the library RecordVideo writes with
 
-    _splitrl("eval", str(trained), "--episodes", "1", "--video", str(tmp_path / "video"))
+    splitrl_here("eval", str(trained), "--episodes", "1", "--video", str(tmp_path / "video"))
     (video,) = sorted((tmp_path / "video").glob("*.mp4"))
     clip = VideoFileClip(str(video))
     try:
@@ -71,7 +62,7 @@ def test_video_is_a_playable_mp4_of_every_episode(trained, tmp_path):
 
 def test_evaluation_during_training_changes_neither_training_nor_its_bytes(trained, tmp_path):
     run = tmp_path / "run"
-    _splitrl("train", "--run-dir", str(run), *TINY, "--eval-every", "1", "--eval-episodes", "2")
+    splitrl_here("train", "--run-dir", str(run), *TINY, "--eval-every", "1", "--eval-episodes", "2")
     plain, scored = _metrics(trained), _metrics(run)
     assert all("eval/return_mean" in r and "eval/return_std" in r and r["eval/episodes"] == 2 for r in scored)
     assert [{k: v for k, v in r.items() if not k.startswith(VOLATILE) and "eval_heads" not in k} for r in scored] \
@@ -80,17 +71,17 @@ def test_evaluation_during_training_changes_neither_training_nor_its_bytes(train
     assert link_bytes(scored[-1]) == link_bytes(plain[-1]) < link_bytes(scored[-1], everything=True)
     assert scored[-1]["net/eval_heads/recv_bytes"] > 0 and scored[-1]["time/eval"] > 0
     # the final checkpoint's score is what `splitrl eval` finds on the same held-out seeds
-    _splitrl("eval", str(run), "--episodes", "2", "--threads", "1")
+    splitrl_here("eval", str(run), "--episodes", "2", "--threads", "1")
     assert json.loads((run / "eval.jsonl").read_text().splitlines()[-1])["return_mean"] == \
         pytest.approx(scored[-1]["eval/return_mean"])
 
 
-def test_tensorboard_holds_the_keys_while_the_run_is_going(spawn, tmp_path):
+def test_tensorboard_holds_the_keys_while_the_run_is_going(spawn_warm, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run = tmp_path / "run"
     long = [a if a != "64" else "320" for a in TINY]  # ten iterations
-    proc = spawn("train", "--run-dir", str(run), *long, "--tensorboard")
+    proc = spawn_warm("train", "--run-dir", str(run), *long, "--tensorboard")
     deadline = time.monotonic() + 240
     while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip():
         assert time.monotonic() < deadline and proc.popen.poll() is None, proc.output()

@@ -186,17 +186,13 @@ def test_a_replica_synced_every_minibatch_trains_the_encoder_as_float32_does(tmp
     encoder step and the once-an-iteration replica by one heads step. Synced after each
     minibatch, the replica equals the heads, and the encoder's first iteration matches
     float32 features; without the midway update it does not."""
-    import subprocess
-
-    from ..conftest import TINY, child_env, splitrl_cmd
+    from ..conftest import TINY, splitrl_here
 
     args = TINY + ["--epochs", "2", "--minibatches", "1"]
     runs = {"fp32": [], "synced": ["--exchange", "replica:sync=fp32,all_every=1"],
             "stale": ["--exchange", "replica:sync=fp32"]}
     for name, codecs in runs.items():
-        done = subprocess.run(splitrl_cmd("train", "--run-dir", str(tmp_path / name), *args, *codecs),
-                              env=child_env(), capture_output=True, text=True, timeout=240)
-        assert done.returncode == 0, done.stderr
+        splitrl_here("train", "--run-dir", str(tmp_path / name), *args, *codecs)
     net0, _ = build_agent(OBS, 3, "cnn", seed=1)
     nets = {name: load_checkpoint(tmp_path / name, "stage0", 1)["net"] for name in runs}
 
@@ -250,16 +246,12 @@ def test_replica_settings_name_the_exchange_and_need_the_cnn_cut():
 def test_with_still_heads_a_replica_run_trains_the_encoder_as_float32_does(tmp_path):
     """Heads that (almost) never move keep the replica current, so the whole replica path,
     both stages' wiring included, must train the encoder as exact float32 features do."""
-    import subprocess
-
-    from ..conftest import TINY, child_env, splitrl_cmd
+    from ..conftest import TINY, splitrl_here
 
     args = TINY + ["--lr-heads", "1e-12", "--epochs", "3"]
     runs = {"fp32": [], "replica": ["--exchange", "replica:sync=fp32"]}
     for name, codecs in runs.items():
-        done = subprocess.run(splitrl_cmd("train", "--run-dir", str(tmp_path / name), *args, *codecs),
-                              env=child_env(), capture_output=True, text=True, timeout=240)
-        assert done.returncode == 0, done.stderr
+        splitrl_here("train", "--run-dir", str(tmp_path / name), *args, *codecs)
     net0, _ = build_agent(OBS, 3, "cnn", seed=1)
     plain = load_checkpoint(tmp_path / "fp32", "stage0", 2)["net"]
     replica = load_checkpoint(tmp_path / "replica", "stage0", 2)["net"]

@@ -2,7 +2,6 @@
 
 import copy
 import json
-import subprocess
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from splitrl.ppo import ppo_loss
 from splitrl.runs import load_checkpoint
 from splitrl.transport.local import LocalTransport
 
-from ..conftest import TINY, child_env, splitrl_cmd
+from ..conftest import TINY, splitrl_here
 
 
 def test_split_gradients_equal_unsplit_gradients():
@@ -89,16 +88,15 @@ AUTOENCODER = BOTTLENECK_REPLICA + ["--bottleneck-train", "autoencoder", "--auto
 @pytest.fixture(scope="module")
 def twin_of(tmp_path_factory):
     """The twin's run directory for given training arguments, run once per set of arguments (the transport is
-    not one of them: several cases share a twin, and a lossless codec's plain baseline is the plain case's)."""
+    not one of them: several cases share a twin, and a lossless codec's plain baseline is the plain case's).
+    The twin trains in this process: the process boundary is the split run's, not the twin's."""
     runs: dict[tuple[str, ...], object] = {}
 
     def run(args: list[str]):
         key = tuple(args)
         if key not in runs:
             run_dir = tmp_path_factory.mktemp("twin")
-            done = subprocess.run(splitrl_cmd("train", "--run-dir", str(run_dir), "--overwrite", *args),
-                                  env=child_env(), capture_output=True, text=True, timeout=240)
-            assert done.returncode == 0, done.stderr
+            splitrl_here("train", "--run-dir", str(run_dir), "--overwrite", *args)
             runs[key] = run_dir
         return runs[key]
 
@@ -115,12 +113,12 @@ def twin_of(tmp_path_factory):
          "cnn-zmq-replica", "cnn-zmq-replica-sync", "cnn-zmq-bottleneck", "cnn-zmq-bottleneck-replica",
          "cnn-zmq-autoencoder"],
 )
-def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, twin_of, cut, transport, codecs):
+def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn_warm, twin_of, cut, transport, codecs):
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
     args = TINY + ["--cut", cut, "--timeout", "60", "--start-timeout", "60", *codecs]
     split_dir = tmp_path / "split"
-    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(split_dir), "--transport", transport, *args)
-    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(split_dir), "--transport", transport, *args)
+    s1 = spawn_warm("stage1", "--bind", endpoint, "--run-dir", str(split_dir), "--transport", transport, *args)
+    s0 = spawn_warm("stage0", "--connect", endpoint, "--run-dir", str(split_dir), "--transport", transport, *args)
     code0, out0 = s0.finish(timeout=240)
     code1, out1 = s1.finish(timeout=30)
     assert code0 == 0, out0

@@ -1,0 +1,89 @@
+"""A warm interpreter that starts `splitrl` processes by forking (the tests' `spawn_warm` fixture).
+
+``python -m tests.warm`` imports what every stage process imports (torch, the optimiser's compiler stack,
+splitrl's runner, the environments), then reads requests on stdin, one JSON line each:
+``{"args": [...], "log": PATH}``. For each it forks a process that runs ``python -m splitrl ARGS`` from there
+(its own process, its own sockets and signal handlers, the same entry point and interpreter shutdown), its
+output to PATH. It answers on stdout ``{"pid": N}`` for each request and ``{"exit": [N, CODE]}`` when one
+ends (CODE as `subprocess` gives it: negative when a signal killed it). A stage process spends most of its
+CPU time importing; forked from here it does not. Nothing runs in the warm process but imports, so no
+thread pool is forked. It ends when its stdin closes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+__all__: list[str] = []
+
+
+def _say(message: dict[str, Any]) -> None:
+    os.write(1, (json.dumps(message) + "\n").encode())  # one write: a reply never splits
+
+
+def _reap(signum: int, frame: Any) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _say({"exit": [pid, os.waitstatus_to_exitcode(status)]})
+
+
+def _preload() -> None:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # what splitrl's __main__ sets before torch loads
+    import torch
+
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # imports the compiler stack an optimiser pulls in
+    import gymnasium  # noqa: F401
+    import zmq  # noqa: F401
+
+    import splitrl.cli  # noqa: F401
+    import splitrl.launch  # noqa: F401
+    import splitrl.runner  # noqa: F401
+
+    try:
+        import gymnasium.envs.box2d.car_racing  # noqa: F401
+    except ImportError:  # the box2d extra is not installed: the stages import what they need themselves
+        pass
+
+
+def _serve() -> dict[str, Any]:
+    """Fork a process per request; in the forked process, return its request (the loop is the warm one's)."""
+    signal.signal(signal.SIGCHLD, _reap)
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            return request
+        _say({"pid": pid})
+    sys.exit(0)
+
+
+def _run(request: dict[str, Any]) -> None:
+    """Be ``python -m splitrl ARGS`` with stdout and stderr to the request's log and stdin from /dev/null."""
+    import runpy
+
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.close(null)
+    sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    sys.argv = ["splitrl", *request["args"]]
+    runpy.run_module("splitrl", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    _preload()
+    _run(_serve())
