@@ -81,3 +81,14 @@ def spawn(tmp_path):
     yield start
     for proc in procs:
         proc.stop()
+
+
+def train_in_process(*args: str):
+    """``splitrl train ARGS...`` (the twin, one process whatever it runs) in this process, through click: the
+    numbers a spawned one computes, without a Python and a torch of its own. Returns click's `Result`
+    (``exit_code``, ``output``, ``stderr``); an exception that is not a clean exit is raised as it is."""
+    from click.testing import CliRunner
+
+    from splitrl.cli.train import train
+
+    return CliRunner().invoke(train, list(args), prog_name="splitrl train", catch_exceptions=False)
