@@ -833,20 +833,23 @@ def main(argv: list[str] | None = None) -> int:
         return edge
 
     build.make_edge, build.make_learner = watched_edge, watched_learner
-    with tempfile.TemporaryDirectory(prefix="async-probe-") as tmp:
-        if "--run-dir" not in train_args and "--resume" not in train_args:
-            train_args += ["--run-dir", str(Path(tmp) / "run")]
-        try:
-            train.main(args=train_args, prog_name="async_probe", standalone_mode=False)
-        except BaseException as exc:  # the run stops on the first broken invariant, however it surfaces
-            if probe.failure is not None:
-                print(probe.failure, file=sys.stderr)
-                return 1
-            if isinstance(exc, ProbeError):
-                print(f"async probe: {exc}", file=sys.stderr)
+    try:  # the builders are put back, so one process (the tests) can run the probe again and again
+        with tempfile.TemporaryDirectory(prefix="async-probe-") as tmp:
+            if "--run-dir" not in train_args and "--resume" not in train_args:
+                train_args += ["--run-dir", str(Path(tmp) / "run")]
+            try:
+                train.main(args=train_args, prog_name="async_probe", standalone_mode=False)
+            except BaseException as exc:  # the run stops on the first broken invariant, however it surfaces
+                if probe.failure is not None:
+                    print(probe.failure, file=sys.stderr)
+                    return 1
+                if isinstance(exc, ProbeError):
+                    print(f"async probe: {exc}", file=sys.stderr)
+                    return 2
+                traceback.print_exc()
                 return 2
-            traceback.print_exc()
-            return 2
+    finally:
+        build.make_edge, build.make_learner = make_edge, make_learner
     if probe.failure is not None:
         print(probe.failure, file=sys.stderr)
         return 1

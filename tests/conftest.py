@@ -111,6 +111,16 @@ def spawn(tmp_path):
         proc.stop()
 
 
+def train_in_process(*args: str):
+    """``splitrl train ARGS...`` (the twin, one process whatever it runs) in this process (`splitrl_here`): the
+    numbers a spawned one computes, without a Python and a torch of its own. Returns click's `Result`
+    (``exit_code``, ``output``, ``stderr``); an exception that is not a clean exit is raised as it is."""
+    result = splitrl_here("train", *args, code=None)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
 class _Warm:
     """The warm interpreter of `tests.warm`, and the exit codes of the processes it forked."""
 

@@ -1,6 +1,7 @@
 """A run you can lose: atomic checkpoints, and --resume going on exactly where the run stopped."""
 
 import json
+import logging
 import os
 import re
 import signal
@@ -14,7 +15,7 @@ import torch
 from splitrl.launch import free_port_pair
 from splitrl.runs import CheckpointError, RunLog, checkpoint_iterations, load_checkpoint
 
-from ..conftest import TINY, child_env, splitrl_cmd
+from ..conftest import TINY, train_in_process
 
 SIX = [a if a != "64" else "192" for a in TINY]  # six iterations of 32 steps, a checkpoint after each
 assert SIX[SIX.index("--total-steps") + 1] == "192"
@@ -49,13 +50,13 @@ def _wait_for_checkpoint(run_dir, iteration, procs, timeout=240):
 def straight(tmp_path_factory):
     """The uninterrupted twin run the resumed ones must equal."""
     run_dir = tmp_path_factory.mktemp("straight") / "run"
-    done = subprocess.run(splitrl_cmd("train", "--run-dir", str(run_dir), *SIX, "--keep-checkpoints", "0"),
-                          env=child_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = train_in_process("--run-dir", str(run_dir), *SIX, "--keep-checkpoints", "0")
+    assert done.exit_code == 0, done.output[-3000:]
     return run_dir
 
 
-def test_the_twin_killed_mid_run_and_resumed_ends_bit_for_bit_where_it_would_have(tmp_path, spawn, straight):
+def test_the_twin_killed_mid_run_and_resumed_ends_bit_for_bit_where_it_would_have(tmp_path, spawn, straight, caplog):
+    """kill -9 needs a process of its own; the resumed twin runs in this one (what it logs is ``caplog``'s)."""
     run = tmp_path / "run"
     proc = spawn("train", "--run-dir", str(run), *SIX)
     _wait_for_checkpoint(run, 2, [proc])
@@ -64,8 +65,9 @@ def test_the_twin_killed_mid_run_and_resumed_ends_bit_for_bit_where_it_would_hav
     proc.popen.wait(30)
     assert 6 not in checkpoint_iterations(run, "stage0")  # killed mid-run, not after it
     # kill -9 can leave half a metrics line or a checkpoint without its checksum: both must be survived
-    again = spawn("train", "--resume", str(run), *SIX)
-    code, out = again.finish(timeout=300)
+    caplog.set_level(logging.INFO, logger="splitrl")
+    again = train_in_process("--resume", str(run), *SIX)
+    code, out = again.exit_code, again.output + caplog.text
     assert code == 0, out
     resumed = int(re.search(r"resuming after iteration (\d+)", out).group(1))
     assert 2 <= done <= resumed < 6  # from a checkpoint, not from the start: at most the iteration in progress lost
@@ -134,17 +136,16 @@ def test_a_used_run_directory_is_refused_unless_resumed_or_overwritten(tmp_path,
     shutil.copytree(straight, run)
 
     def train(*args):
-        return subprocess.run(splitrl_cmd("train", *SIX, *args), env=child_env(), capture_output=True, text=True,
-                              timeout=300)
+        return train_in_process(*SIX, *args)
 
     refused = train("--run-dir", str(run))
-    assert refused.returncode == 2 and "already holds a run" in refused.stderr and "--resume" in refused.stderr
+    assert refused.exit_code == 2 and "already holds a run" in refused.stderr and "--resume" in refused.stderr
     other = train("--resume", str(run), "--seed", "2")
-    assert other.returncode == 2 and "seed: the run has 1, now 2" in other.stderr
+    assert other.exit_code == 2 and "seed: the run has 1, now 2" in other.stderr
     done = train("--resume", str(run))  # finished already: nothing to do, nothing changes
-    assert done.returncode == 0 and len(_learning(run)) == 6
+    assert done.exit_code == 0 and len(_learning(run)) == 6
     fresh = train("--run-dir", str(run), "--overwrite", "--total-steps", "64")
-    assert fresh.returncode == 0 and len(_learning(run)) == 2
+    assert fresh.exit_code == 0 and len(_learning(run)) == 2
     assert checkpoint_iterations(run, "stage0") == [1, 2]
 
 

@@ -2,7 +2,6 @@
 
 import dataclasses
 import json
-import subprocess
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from splitrl.schedule import asynchronous, pipelined
 from splitrl.schedule.pipelined import choose_groups, rollout_lag
 from splitrl.settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
 
-from ..conftest import TINY, child_env, splitrl_cmd
+from ..conftest import TINY, train_in_process
 
 # Two envs, two iterations of 32 steps each, minibatches of 32 samples.
 TWO_ENVS = ["--num-envs", "2", "--total-steps", "128", "--num-steps", "32", "--epochs", "2", "--minibatches", "2",
@@ -40,9 +39,9 @@ def _assert_same_states(a, b):
 
 
 def _twin(run_dir, *args):
-    done = subprocess.run(splitrl_cmd("train", "--run-dir", str(run_dir), *args), env=child_env(),
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    """``splitrl train --run-dir RUN_DIR ARGS...``, in this process: the twin has no process boundary to test."""
+    done = train_in_process("--run-dir", str(run_dir), *args)
+    assert done.exit_code == 0, done.output[-3000:]
 
 
 def _split(run_dir, spawn, args, *stage0_args):
@@ -193,9 +192,8 @@ def test_an_asynchronous_run_resumes(tmp_path, publish):
     args = TWO_ENVS + ["--rollout-groups", "2", "--async", "--max-staleness", "1", "--publish", publish]
     run = tmp_path / "run"
     _twin(run, *args)
-    done = subprocess.run(splitrl_cmd("train", "--resume", str(run), *args, "--total-steps", "192"), env=child_env(),
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = train_in_process("--resume", str(run), *args, "--total-steps", "192")
+    assert done.exit_code == 0, done.output[-3000:]
     rows = _metrics(run)
     assert [r["iteration"] for r in rows] == [1, 2, 3]
     assert rows[2]["async/staleness_max"] == 0.0
@@ -270,12 +268,18 @@ def test_auto_groups_are_chosen_and_recorded(tmp_path, monkeypatch):
     assert rows[-1]["global_step"] == 128
 
 
-@pytest.mark.parametrize("bound", [0, 1])
-def test_asynchronous_split_runs_within_its_staleness_bound(tmp_path, spawn, bound):
+@pytest.mark.parametrize("bound, link", [(0, "twin"), (1, "split")])
+def test_asynchronous_runs_run_within_their_staleness_bound(tmp_path, spawn, bound, link):
+    """Free-running over a real link (envs in worker processes), as far ahead as --max-staleness 1 lets it; at
+    --max-staleness 0 the rollout waits for training whatever the link, so the twin shows it (and the rescored
+    split matches its twin at 0, `test_a_rescored_asynchronous_split_matches_its_twin_bit_for_bit`)."""
     args = TINY + ["--total-steps", "96", "--async", "--max-staleness", str(bound), "--timeout", "60",
                    "--start-timeout", "60"]
-    run = tmp_path / "split"
-    _split(run, spawn, args, "--vector", "async")
+    run = tmp_path / link
+    if link == "split":
+        _split(run, spawn, args, "--vector", "async")
+    else:
+        _twin(run, *args, "--vector", "async")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1, 2, 3] and rows[-1]["global_step"] == 96
     assert all(r["async/staleness_max"] <= bound for r in rows)  # how far below depends on the machine's timing
