@@ -10,7 +10,7 @@ The padding rule: on one intra-op thread, torch's CPU matrix products give a row
 in every batch of at least `BATCH_INVARIANT_ROWS` rows whose count is a multiple of
 `BATCH_INVARIANT_MULTIPLE`, wherever the row sits; in any other batch (fewer rows, or a count off
 the multiple) some rows get other numbers in the last bits, and on two threads other sizes differ
-too. tests/schedule/test_fleet.py checks the rule on the machine it runs on.
+too. tests/schedule/test_fleet_stages.py checks the rule on the machine it runs on.
 """
 
 from __future__ import annotations
