@@ -32,9 +32,7 @@ def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[En
 
     A run directory that holds a run already is refused, unless ``--resume`` (its settings must be
     this run's, but for ``total_steps``) or ``--overwrite`` (its metrics, episodes and checkpoints go)."""
-    settings.validate(options)
-    spec = inspect_env(settings.env)
-    agent(settings, spec)  # the model, its kwargs and the cut: a SettingsError now rather than after the link opens
+    spec = _checked(settings, options)
     if options.threads:
         torch.set_num_threads(options.threads)
     run_dir = options.resume or options.run_dir or default_run_dir(settings.env.env_id)
@@ -55,6 +53,28 @@ def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[En
     }
     run_log.write_config(config, config_name)
     return spec, run_log
+
+
+def _checked(settings: TrainSettings, options: RunOptions) -> EnvSpec:
+    """The env's spec once every setting is checked: the options' own ranges and rules, the env, then the model,
+    its kwargs and the cut, which need the env's shapes. Every problem in one SettingsError."""
+    problems = []
+    try:
+        settings.validate(options)
+    except SettingsError as exc:
+        problems.append(str(exc).removeprefix("invalid settings:\n  - "))
+    spec = inspect_env(settings.env)
+    try:
+        agent(settings, spec)
+    except SettingsError as exc:
+        problems.append(str(exc))
+    except Exception:
+        if not problems:
+            raise
+        # an invalid setting above is why the network could not be built
+    if problems:
+        raise SettingsError("invalid settings:\n  - " + "\n  - ".join(problems))
+    return spec
 
 
 def _check_resumable(run_dir: Path, config_name: str, settings: TrainSettings) -> None:
