@@ -21,7 +21,6 @@ upgrade runs no code.
 from __future__ import annotations
 
 import io
-import pickle
 from collections import OrderedDict
 import re
 from typing import Any
@@ -90,19 +89,16 @@ def dumps(state: dict[str, Any]) -> bytes:
 
 def _load(data: bytes, name: str, allow: list[Any] | None = None) -> dict[str, Any]:
     try:
-        if allow:
-            with torch.serialization.safe_globals(allow):
-                state = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-        else:
+        with torch.serialization.safe_globals(allow or []):
             state = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError as exc:
+    except (RuntimeError, EOFError, OSError) as exc:
+        raise ValueError(f"{name} is not a checkpoint torch can read: {exc}") from None
+    except Exception as exc:  # torch's UnpicklingError: the file names something outside the allow-list
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
         what = f"the Python object {found.group(1)}" if found else "Python objects"
         raise UnsafeCheckpointError(
             f"{name} names {what}, which splitrl does not load (reading a checkpoint runs no code); if it is a "
             "checkpoint of an older splitrl that you trust, `splitrl upgrade-checkpoints` rewrites it") from None
-    except (RuntimeError, EOFError, OSError) as exc:
-        raise ValueError(f"{name} is not a checkpoint torch can read: {exc}") from None
     if not isinstance(state, dict):
         raise ValueError(f"{name} is not a checkpoint: it holds a {type(state).__name__}, not a dict")
     return state
