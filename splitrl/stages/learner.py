@@ -40,7 +40,6 @@ from .fleet_encoder import EncoderSum
 from .learners import Learners
 from .order_free import batch_invariant, step_generator
 from .outcomes import read_outcome, rows_of
-from .order_free import invariant_rows as _invariant_rows  # the name tests/schedule/test_fleet_stages.py imports
 from .protocol import ENCODER_PREFIX, Payload
 from .update import PPOUpdate
 from .versions import PolicyVersions

@@ -63,10 +63,10 @@ from ..transport.errors import peer_repr
 from .autoencoder import PROJECTION
 from .exchange import EdgeExchange, EdgeSide, LearnerExchange, LearnerSide, Sent
 from .protocol import Payload
-from .replica_plan import FIRST_LAYERS, due, replicated
+from .replica_plan import due, replicated
 from .weights import WeightSync
 
-__all__ = ["ReplicaEdge", "ReplicaLearner", "FIRST_LAYERS", "due", "folded", "replica_weights", "replicated"]
+__all__ = ["ReplicaEdge", "ReplicaLearner", "folded", "replica_weights"]
 
 
 def replica_weights(heads: ActorCriticHeads, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:

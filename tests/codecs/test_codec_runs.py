@@ -161,7 +161,7 @@ def test_replica_sends_the_heads_outputs_and_one_weight_update_per_iteration(run
     import torch
 
     from splitrl.models import build_agent
-    from splitrl.stages.replica import replicated
+    from splitrl.stages.replica_plan import replicated
 
     # 16 samples a minibatch x (3 action means + 1 value) float32, against 16 x 4096 float32.
     assert _ratio(runs, "replica", FWD) < 0.002 and _ratio(runs, "replica", BWD) < 0.002

@@ -8,7 +8,7 @@ from splitrl.envs import inspect_env
 from splitrl.runner import joining
 from splitrl.settings import CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
 from splitrl.stages import Edge, Learner
-from splitrl.stages.learner import _invariant_rows
+from splitrl.stages.order_free import invariant_rows as _invariant_rows
 from splitrl.transport import Message
 from splitrl.transport.endpoints import slot_endpoint
 

@@ -11,7 +11,8 @@ from splitrl.models import build_agent
 from splitrl.runs import load_checkpoint
 from splitrl.settings import CodecSettings, ScheduleSettings, TrainSettings
 from splitrl.stages.autoencoder import SAMPLE, Autoencoder, pack_sample, unpack_sample
-from splitrl.stages.replica import FIRST_LAYERS, folded, replica_weights, replicated
+from splitrl.stages.replica import folded, replica_weights
+from splitrl.stages.replica_plan import FIRST_LAYERS, replicated
 from splitrl.transport.wire import Message
 
 from ..conftest import TINY, child_env, splitrl_cmd

@@ -12,7 +12,7 @@ from splitrl.ppo import ppo_loss
 from splitrl.runs import load_checkpoint
 from splitrl.settings import CodecSettings, EnvSettings, Exchange, PPOSettings, TrainSettings
 from splitrl.stages import Edge, Learner, ReplicaEdge, ReplicaLearner
-from splitrl.stages.replica import FIRST_LAYERS, due, replicated
+from splitrl.stages.replica_plan import FIRST_LAYERS, due, replicated
 from splitrl.stages.weights import WeightSync
 from splitrl.transport.wire import Message
 
