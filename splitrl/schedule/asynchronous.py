@@ -3,7 +3,7 @@
 Each stage runs two loops at once, on two threads, over one link cut into two
 channels (`splitrl.transport.channels`): the rollout thread runs
 `pipelined.stage0_rollout` / `stage1_rollout` with its own copy of the layers it
-acts with, the training thread `pipelined.stage0_train` / `stage1_train` on the
+acts with, the training thread `training.stage0_train` / `stage1_train` on the
 layers it trains. When an iteration's training ends, both stages publish the
 trained layers (`Edge.publish`, `Learner.publish`) and stage0's rollout thread
 adopts them between two steps, tagging each step with the version it acted with
@@ -53,8 +53,8 @@ from ..transport import ProtocolError, Transport
 from ..transport.errors import peer_repr
 from ..transport.channels import Channels
 from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish, torch_thread
-from .pipelined import agree_on_groups, learn_groups, stage0_rollout, stage1_rollout, stage1_train
-from .training import microbatches, stage0_train
+from .pipelined import agree_on_groups, learn_groups, stage0_rollout, stage1_rollout
+from .training import microbatches, stage0_train, stage1_train
 
 __all__ = ["stage0_loop", "stage1_loop", "STAGE0_ROUTES", "STAGE1_ROUTES"]
 
@@ -317,7 +317,7 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
             with busy("heads"):
                 order = learner.begin_training(iteration)  # GAE, importance-weighted where samples lag
             if not learner.trains_alone:
-                stage1_train(learner, exchange, train_link, busy, order,
+                stage1_train(learner, exchange, train_link, busy, order, parts=microbatches(s.schedule.microbatches),
                              on_epoch=lambda epoch, last: publish(iteration, epoch, last, busy))
             stage1_finish(learner, exchange, train_link, busy, iteration, order, run_log, cpu_start,
                           rollouts.pop(iteration))  # trains alone here

@@ -25,8 +25,8 @@ Before the first iteration stage0 measures the round trip (``ping``/``pong``)
 and, with ``--rollout-groups auto``, picks K >= 1 + lag + RTT / (group step time) among
 the divisors of the env count; ``plan`` tells stage1 the K it chose.
 
-The rollout and training halves are functions of their own (stage0's training:
-`training.stage0_train` with `training.microbatches`): the asynchronous schedule
+The rollout and training halves are functions of their own (each stage's training:
+`training.stage0_train` and `training.stage1_train` with `training.microbatches`): the asynchronous schedule
 (`asynchronous.py`) runs the same ones on two threads.
 """
 
@@ -48,10 +48,10 @@ from ..transport import ProtocolError, Transport
 from ..transport.errors import peer_repr
 from .common import (IterationLog, PhaseClock, checkpoint_due, expect, stage0_after_rollout, stage0_finish,
                      stage1_finish)
-from .training import microbatches, stage0_train
+from .training import microbatches, stage0_train, stage1_train
 
 __all__ = ["stage0_loop", "stage1_loop", "agree_on_groups", "learn_groups", "stage0_rollout", "stage1_rollout",
-           "stage1_train", "choose_groups", "rollout_lag", "PINGS"]
+           "choose_groups", "rollout_lag", "PINGS"]
 
 log = logging.getLogger(__name__)
 
@@ -217,32 +217,6 @@ def stage1_rollout(learner: Learner, link: Transport, busy: PhaseClock, iteratio
             learner.end_rollout(msg, g)
 
 
-def stage1_train(learner: Learner, exchange: LearnerExchange, link: Transport, busy: PhaseClock,
-                 order: list[list[torch.Tensor]], on_epoch: Callable[[int, bool], None] | None = None) -> None:
-    """Every minibatch of one iteration: a loss per micro-batch as it arrives, one optimizer step each minibatch.
-    ``on_epoch(epoch, last)`` after each epoch's last optimizer step (``last``: no epoch follows)."""
-    micro = learner.settings.schedule.microbatches
-    for epoch, minibatches in enumerate(order):
-        for mb, idx in enumerate(minibatches):
-            parts = idx.chunk(micro)
-            for j, part in enumerate(parts):
-                msg = expect(link, "train_fwd", epoch=epoch, mb=mb, j=j)
-                with busy("heads"):
-                    tensors, header = exchange.learn(msg, part, idx if micro > 1 else None)
-                stop = mb == len(minibatches) - 1 and j == len(parts) - 1 and learner.stop_early()
-                link.send("train_bwd", tensors, {**header, "epoch": epoch, "mb": mb, "j": j,
-                                                 **({"stop": True} if stop else {})})
-            with busy("heads"):
-                learner.optimizer_step()
-                update = exchange.update(epoch, mb)
-            if update is not None:
-                link.send("heads", *update)
-        if on_epoch is not None:
-            on_epoch(epoch, stop or epoch == len(order) - 1)
-        if stop:
-            break
-
-
 # -- the loops -----------------------------------------------------------------------------
 
 
@@ -281,7 +255,7 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
         if update is not None:
             link.send("heads", *update)
         if not learner.trains_alone:
-            stage1_train(learner, exchange, link, busy, order)
+            stage1_train(learner, exchange, link, busy, order, parts=microbatches(s.schedule.microbatches))
         stage1_finish(learner, exchange, link, busy, iteration, order, run_log, cpu_start, rollout)
     expect(link, "close")
     return s.num_iterations

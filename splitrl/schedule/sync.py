@@ -25,7 +25,7 @@ from ..stages.evaluate import Evaluation
 from ..transport import Transport
 from .common import (IterationLog, PhaseClock, checkpoint_due, expect, stage0_after_rollout, stage0_finish,
                      stage1_finish)
-from .training import stage0_train
+from .training import stage0_train, stage1_train
 
 __all__ = ["stage0_loop", "stage1_loop", "stage0_rollout"]
 
@@ -98,21 +98,7 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
 
         # -- training: one PPO update per minibatch, on what stage0 sends --------------
         if not learner.trains_alone:
-            for epoch, minibatches in enumerate(order):
-                for mb, idx in enumerate(minibatches):
-                    msg = expect(link, "train_fwd", epoch=epoch, mb=mb)
-                    with busy("heads"):
-                        tensors, header = exchange.learn(msg, idx)
-                        learner.optimizer_step()
-                    stop = mb == len(minibatches) - 1 and learner.stop_early()
-                    header = {**header, "epoch": epoch, "mb": mb, **({"stop": True} if stop else {})}
-                    link.send("train_bwd", tensors, header)
-                    with busy("heads"):
-                        update = exchange.update(epoch, mb)
-                    if update is not None:
-                        link.send("heads", *update)
-                if stop:
-                    break
+            stage1_train(learner, exchange, link, busy, order)
 
         # -- iteration end (with the cut before the first layer, stage1 trains now) ----
         stage1_finish(learner, exchange, link, busy, iteration, order, run_log, cpu_start, rollout)

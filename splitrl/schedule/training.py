@@ -1,4 +1,4 @@
-"""Stage0's training: every minibatch of an iteration through the encoder and back, as every schedule runs it.
+"""Each stage's training: every minibatch of an iteration through the encoder and back, as every schedule runs it.
 
 For each minibatch stage0 forwards its parts (`Parts`) and sends their features (``train_fwd``), all of them
 before the first reply, so stage1's heads work on part j while stage0 forwards j + 1; then it back-propagates
@@ -7,6 +7,10 @@ minibatch (`whole`: the synchronous schedule), its micro-batches (`microbatches`
 asynchronous schedules, GPipe), or a fleet's edge's share of it (`splitrl.schedule.fleet`). The step is one
 optimizer step and the replica's update where one is due (`local_step`), or a fleet's gradient sum or
 average.
+
+Stage1's side (`stage1_train`) is the mirror image for one stage0: a loss per part as its features arrive, the
+gradient sent back at once, one optimizer step a minibatch. A fleet's stage1 (`splitrl.schedule.fleet`) serves
+several edges' shares of each minibatch and sums their encoders, a loop of its own.
 """
 
 from __future__ import annotations
@@ -15,11 +19,11 @@ from typing import Callable
 
 import torch
 
-from ..stages import Edge, EdgeExchange
+from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..transport import Transport
 from .common import PhaseClock, expect, stops
 
-__all__ = ["Part", "Parts", "Step", "whole", "microbatches", "local_step", "stage0_train"]
+__all__ = ["Part", "Parts", "Step", "whole", "microbatches", "local_step", "stage0_train", "stage1_train"]
 
 Part = tuple[torch.Tensor, torch.Tensor, dict[str, int]]
 """(the rows this edge forwards, the indices their features are sent with, what the part's messages' headers add)."""
@@ -97,4 +101,33 @@ def stage0_train(edge: Edge, exchange: EdgeExchange, link: Transport, clock: Pha
         if on_epoch is not None:
             on_epoch(epoch, stop or epoch == len(order) - 1)
         if stop:  # stage1 saw the KL pass --target-kl
+            break
+
+
+def stage1_train(learner: Learner, exchange: LearnerExchange, link: Transport, busy: PhaseClock,
+                 order: list[list[torch.Tensor]], *, parts: Parts = whole,
+                 on_epoch: Callable[[int, bool], None] | None = None) -> None:
+    """Every minibatch of one iteration from stage1's side, the ``parts`` stage0 sends: a loss per part as it
+    arrives, its gradient sent back at once (stage0 back-propagates while the next part's loss is taken), then
+    one optimizer step a minibatch and the replica's update where one is due. ``on_epoch`` as in
+    `stage0_train`."""
+    stop = False
+    for epoch, minibatches in enumerate(order):
+        for mb, idx in enumerate(minibatches):
+            sent = parts(idx)
+            for k, (part, _, tag) in enumerate(sent):
+                msg = expect(link, "train_fwd", epoch=epoch, mb=mb, **tag)
+                with busy("heads"):
+                    tensors, header = exchange.learn(msg, part, idx if len(sent) > 1 else None)
+                stop = mb == len(minibatches) - 1 and k == len(sent) - 1 and learner.stop_early()
+                link.send("train_bwd", tensors, {**header, "epoch": epoch, "mb": mb, **tag,
+                                                 **({"stop": True} if stop else {})})
+            with busy("heads"):
+                learner.optimizer_step()
+                update = exchange.update(epoch, mb)
+            if update is not None:
+                link.send("heads", *update)
+        if on_epoch is not None:
+            on_epoch(epoch, stop or epoch == len(order) - 1)
+        if stop:
             break
