@@ -8,7 +8,8 @@ with splitrl importable (installed, or ``PYTHONPATH=.`` from the repository's ro
 - `rtt_breakdown`: one transport round trip taken apart (encode, send, wait, decode, the peer's turnaround).
 - `learners_bench`: the learners' all-reduce, timed in real gloo processes.
 - `async_probe`: the twin with its Edge and Learner watched, checking that what the asynchronous schedule
-  trains on is what its envs and acting policies produced (run by tests/schedule/test_async_alignment.py).
+  trains on is what its envs and acting policies produced (run by tests/schedule/test_async_alignment.py);
+  its parts are the package `alignment` (the record, the checks, the hooks on each stage, the plants).
 
 The benchmarks with a ``splitrl bench ...`` command live in `splitrl.bench`.
 """
