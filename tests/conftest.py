@@ -96,13 +96,21 @@ class Proc:
             self._out.close()
 
 
+WARM_COMMANDS = ("stage0", "stage1", "train")
+"""What `spawn` forks from the warm interpreter: a stage or the twin is one process whatever starts it. `splitrl
+run` starts as a user's does, with a Python of its own, and starts its stages itself."""
+
+
 @pytest.fixture
-def spawn(tmp_path):
-    """Start `splitrl` subprocesses; every one is killed in teardown."""
+def spawn(tmp_path, request):
+    """Start `splitrl` subprocesses; every one is killed in teardown. The stages and the twin are forked from the
+    warm interpreter (`WARM_COMMANDS`), the launcher is started cold."""
     procs: list[Proc] = []
 
     def start(*args: str) -> Proc:
-        proc = Proc(args, tmp_path / f"proc{len(procs)}-{args[0]}.log")
+        log = tmp_path / f"proc{len(procs)}-{args[0]}.log"
+        proc = (WarmProc(args, log, request.getfixturevalue("_warm")) if args[0] in WARM_COMMANDS
+                else Proc(args, log))
         procs.append(proc)
         return proc
 

@@ -64,6 +64,8 @@ def _checked(settings: TrainSettings, options: RunOptions) -> EnvSpec:
     except SettingsError as exc:
         problems.append(str(exc).removeprefix("invalid settings:\n  - "))
     spec = inspect_env(settings.env)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # built to be checked only: its orthogonal inits on every core cost seconds of CPU
     try:
         agent(settings, spec)
     except SettingsError as exc:
@@ -72,6 +74,8 @@ def _checked(settings: TrainSettings, options: RunOptions) -> EnvSpec:
         if not problems:
             raise
         # an invalid setting above is why the network could not be built
+    finally:
+        torch.set_num_threads(threads)
     if problems:
         raise SettingsError("invalid settings:\n  - " + "\n  - ".join(problems))
     return spec
