@@ -4,6 +4,7 @@ Spawned fleets here train and compare; who is in the fleet (drops, rejoins, the 
 test_fleet_roster.py, the stages' own fleet parts and the fleet's settings test_fleet_stages.py.
 """
 
+import itertools
 import json
 import shutil
 
@@ -14,7 +15,7 @@ from splitrl.launch import free_port
 from splitrl.runs import load_checkpoint, summarise_run
 from splitrl.settings import PPOSettings
 
-from ..conftest import Proc
+from ..conftest import WarmProc
 from .test_schedules import TWO_ENVS, _twin
 
 ONE_ENV_EACH = ["--num-envs", "1", *TWO_ENVS[2:]]  # the same 128 steps: each edge one of the two envs
@@ -81,17 +82,28 @@ def test_two_edges_of_one_env_train_as_one_edge_of_two_envs_in_two_groups(tmp_pa
 
 
 @pytest.fixture(scope="module")
-def two_edges_two_iterations(tmp_path_factory):
-    """`splitrl run --edges 2` (the default --encoder-sync grad) for 2 iterations: the run a resumed fleet goes
-    on from (on a copy) and the traffic an averaging fleet is weighed against."""
+def two_edges_two_iterations(tmp_path_factory, _warm):
+    """What `splitrl run --edges 2` (the default --encoder-sync grad) makes in 2 iterations: the run a resumed
+    fleet goes on from (on a copy) and the traffic an averaging fleet is weighed against."""
     run = tmp_path_factory.mktemp("fleet") / "grad"
-    proc = Proc(("run", "--run-dir", str(run), *ONE_ENV_EACH, "--edges", "2", *LINK), run.parent / "run.log")
-    try:
-        code, out = proc.finish(timeout=300)
-    finally:
-        proc.stop()
-    assert code == 0, out
+    logs = (run.parent / f"proc{k}.log" for k in itertools.count())
+    _fleet_run(lambda *args: WarmProc(args, next(logs), _warm), run, *ONE_ENV_EACH, "--edges", "2", *LINK)
     return run
+
+
+def _fleet_run(spawn, run_dir, *args, edges=2):
+    """A fleet's stages as `splitrl run --edges N` lays them out (stage1 in ``run_dir``, edge k with --edge-id k in
+    ``run_dir/edge-k``), started by ``spawn``: where the launcher is not what a test is about."""
+    endpoint = f"tcp://127.0.0.1:{free_port(count=4)}"
+    procs = [spawn("stage1", "--bind", endpoint, "--run-dir", str(run_dir), *args)]
+    procs += [spawn("stage0", "--connect", endpoint, "--edge-id", str(k), "--run-dir", str(run_dir / f"edge-{k}"),
+                    *args) for k in range(edges)]
+    try:
+        done = [proc.finish(timeout=300) for proc in procs[1:]] + [procs[0].finish(timeout=60)]
+    finally:
+        for proc in procs:
+            proc.stop()
+    assert all(code == 0 for code, _ in done), "\n".join(out for _, out in done)
 
 
 def test_a_fleet_run_resumed_ends_bit_for_bit_where_it_would_have(tmp_path, spawn, two_edges_two_iterations):
@@ -101,8 +113,7 @@ def test_a_fleet_run_resumed_ends_bit_for_bit_where_it_would_have(tmp_path, spaw
     assert three != ONE_ENV_EACH
     args = ["--edges", "2", *LINK]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    code, out = spawn("run", "--run-dir", str(straight), *three, *args).finish(timeout=300)
-    assert code == 0, out
+    _fleet_run(spawn, straight, *three, *args)
     shutil.copytree(two_edges_two_iterations, resumed)  # `splitrl run --run-dir resumed` of 2 iterations
     code, out = spawn("run", "--resume", str(resumed), *three, *args).finish(timeout=300)
     assert code == 0, out
