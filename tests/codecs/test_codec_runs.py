@@ -36,21 +36,27 @@ def _read(run_dir):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, _warm):
     """Run every configuration once as the twin in this process, and `SPLIT` split over loopback beside them."""
-    from ..conftest import Proc, splitrl_here
+    from splitrl.launch import free_port_pair
+
+    from ..conftest import WarmProc, splitrl_here
 
     base = tmp_path_factory.mktemp("codec-runs")
-    split = Proc(("run", "--run-dir", str(base / "split"), *TINY, *RUNS[SPLIT]), base / "split.log")
+    endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
+    split = [WarmProc((stage, option, endpoint, "--run-dir", str(base / "split"), *TINY, *RUNS[SPLIT]),
+                      base / f"split-{stage}.log", _warm) for stage, option in (("stage1", "--bind"),
+                                                                               ("stage0", "--connect"))]
     try:
         out: dict[str, list[dict]] = {}
         for name in RUNS:
             splitrl_here("train", "--run-dir", str(base / name), *TINY, *RUNS[name])
             out[name] = _read(base / name)
-        code, text = split.finish(timeout=240)
+        done = [proc.finish(timeout=240) for proc in split[::-1]]
     finally:
-        split.stop()
-    assert code == 0, f"split {SPLIT}:\n{text}"
+        for proc in split:
+            proc.stop()
+    assert all(code == 0 for code, _ in done), f"split {SPLIT}:\n" + "\n".join(text for _, text in done)
     out["_split"] = _read(base / "split")
     out["_base"] = base
     return out

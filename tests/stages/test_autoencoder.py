@@ -1,7 +1,7 @@
 """--bottleneck-train autoencoder: a projection fitted to reconstruct the features, shipped to stage0."""
 
 import dataclasses
-import subprocess
+import logging
 
 import pytest
 import torch
@@ -15,7 +15,7 @@ from splitrl.stages.replica import folded, replica_weights
 from splitrl.stages.replica_plan import FIRST_LAYERS, replicated
 from splitrl.transport.wire import Message
 
-from ..conftest import TINY, child_env, splitrl_cmd
+from ..conftest import TINY, splitrl_here, train_in_process
 
 OBS = (4, 96, 96)
 
@@ -109,18 +109,19 @@ AUTOENCODER = TINY[2:] + ["--bottleneck", "32", "--bottleneck-train", "autoencod
                           "--codec-rollout", "int8", "--exchange", "replica:last_every=1,all_every=3"]
 
 
-def test_a_resumed_run_fits_on_as_it_would_have(tmp_path):
+def test_a_resumed_run_fits_on_as_it_would_have(tmp_path, caplog):
     """The fit's replay, optimizer and generator are in stage1's checkpoint: 2 iterations, then 2 more with
     --resume, end where 4 straight do (the projection stage0 got, the decoder, the heads)."""
     def train(*args):
-        done = subprocess.run(splitrl_cmd("train", *args, *AUTOENCODER), env=child_env(), capture_output=True,
-                              text=True, timeout=240)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return done.stdout + done.stderr
+        done = train_in_process(*args, *AUTOENCODER)
+        assert done.exit_code == 0, done.output[-3000:]
+        return done.output
 
     train("--run-dir", str(tmp_path / "straight"), "--total-steps", "128")
     train("--run-dir", str(tmp_path / "resumed"), "--total-steps", "64")
-    assert "resuming after iteration 2" in train("--resume", str(tmp_path / "resumed"), "--total-steps", "128")
+    caplog.set_level(logging.INFO)
+    train("--resume", str(tmp_path / "resumed"), "--total-steps", "128")
+    assert "resuming after iteration 2" in caplog.text
     for stage, key in (("stage0", "net"), ("stage1", "heads"), ("stage1", "autoencoder")):
         straight, resumed = (load_checkpoint(tmp_path / run, stage, 4)[key] for run in ("straight", "resumed"))
         for name in ("projection",) if key == "autoencoder" else straight:
@@ -132,7 +133,5 @@ def test_a_resumed_run_fits_on_as_it_would_have(tmp_path):
     assert not torch.equal(net[name], start[-1].weight)
     assert (net[name] - fitted).abs().max() < 0.05 * fitted.abs().max()
     # And the checkpoints play: `splitrl eval` builds both stages' networks, decoder and all, from them.
-    scored = subprocess.run(splitrl_cmd("eval", str(tmp_path / "straight"), "--episodes", "1", "--threads", "1"),
-                            env=child_env(), capture_output=True, text=True, timeout=240)
-    assert scored.returncode == 0, scored.stderr[-3000:]
+    splitrl_here("eval", str(tmp_path / "straight"), "--episodes", "1", "--threads", "1")
     assert (tmp_path / "straight" / "eval.jsonl").read_text().count("\n") == 1
