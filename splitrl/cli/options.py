@@ -11,7 +11,7 @@ import click
 
 from ..runs import default_run_dir
 from ..settings import (CODEC_STREAMS, CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings,
-                        TrainSettings, option_name)
+                        SettingsError, TrainSettings, option_name)
 
 __all__ = ["training_options", "stage_argv"]
 
@@ -75,6 +75,9 @@ def stage_argv(settings: TrainSettings, options: RunOptions, *, absolute: bool =
     """Check the settings (`ValueError` listing every problem), give the run its directory (a new one under
     runs/ unless --run-dir), and return (the argv both stage processes get, the run directory)."""
     settings.validate(options)
+    problems = options.device_errors("stage0", "stage1")  # both stages run on this machine
+    if problems:
+        raise SettingsError("invalid settings:\n  - " + "\n  - ".join(problems))
     run_dir = options.resume or options.run_dir or default_run_dir(settings.env.env_id)
     if absolute:
         run_dir = os.path.abspath(run_dir)
