@@ -50,7 +50,9 @@ step() {
         say "  ok    $name ($((SECONDS - start)) s)"
         return 0
     fi
-    say "  FAIL  $name ($((SECONDS - start)) s, exit $code$([ "$code" -eq 124 ] && echo ': timed out')): $(tail -n 3 "$RUNS/$name.log" | tr '\n' ' ')"
+    local why="exit $code"
+    [ "$code" -eq 124 ] && why="timed out after $limit s"
+    say "  FAIL  $name ($((SECONDS - start)) s, $why): $(tail -n 3 "$RUNS/$name.log" | tr '\n' ' ')"
     FAILED+=("$name")
     return 1
 }

@@ -79,8 +79,16 @@ def test_cuda_on_a_machine_without_it_is_refused_in_one_line_before_any_socket(c
     result = splitrl_here(command, "--run-dir", str(tmp_path / "run"), *args, *TINY, code=2)
     lines = [line for line in result.output.splitlines() if "this machine has no CUDA device" in line]
     assert len(lines) == 1, result.output
-    assert lines[0].strip().removeprefix("- ").startswith(("--stage0-device cuda", "--stage1-device cuda", "--device cuda"))
+    named = ("--stage0-device cuda", "--stage1-device cuda", "--device cuda")
+    assert lines[0].strip().removeprefix("- ").startswith(named)
     assert not (tmp_path / "run").exists()  # nothing written either
+
+
+@pytest.mark.parametrize("command", ["run", "train", "stage1"])
+def test_a_missing_device_is_reported_with_every_other_problem(command, no_cuda, tmp_path):
+    device = ["--device", "cuda"] if command == "stage1" else ["--stage1-device", "cuda"]
+    result = splitrl_here(command, "--run-dir", str(tmp_path), *device, "--gamma", "2", code=2)
+    assert "--gamma must be in [0, 1]" in result.output and "this machine has no CUDA device" in result.output
 
 
 def test_device_and_the_stage_option_must_agree(tmp_path):

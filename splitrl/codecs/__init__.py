@@ -9,9 +9,8 @@ training features, training gradients).
 
 from __future__ import annotations
 
-from typing import Any
-
 import dataclasses
+from typing import Any
 
 import torch
 
