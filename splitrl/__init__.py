@@ -12,7 +12,8 @@ The layers, top to bottom (each imports only those below it; tests/test_layers.p
   exchanges);
 - `settings`, `models` (the network as named layers, cut anywhere its output is flat), `envs`;
 - `codecs`, `ppo`, `transport`, `netem`;
-- `runs`, `checkpoints` (data only, read without running code), `launch`, `errors`, `units`.
+- `runs`, `checkpoints` (data only, read without running code), `launch`, `errors`, `units`, `devices` (where a
+  stage computes, and the crossings between the wire's host memory and that device).
 
 Names: stage0 and stage1 are the two roles (commands, the wire's roles, the files a run writes); the edge and
 the server are the machines they run on.

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .devices import to_host
+
 __all__ = ["FORMAT", "UnsafeCheckpointError", "to_plain", "from_plain", "dumps", "loads", "upgrade"]
 
 FORMAT = 2
@@ -41,10 +43,12 @@ class UnsafeCheckpointError(ValueError):
 
 
 def to_plain(value: Any, path: str = "state") -> Any:
-    """``value`` with every numpy array and numpy scalar replaced by its tagged plain form; TypeError
-    naming the path of anything else that is neither a tensor nor a plain value (it could not be loaded)."""
+    """``value`` with every numpy array and numpy scalar replaced by its tagged plain form, and every tensor in host
+    memory (a stage on a GPU saves what a stage on a CPU reads, and back: `loads` maps to the CPU, and each stage
+    moves what it loads to its device); TypeError naming the path of anything else that is neither a tensor nor a
+    plain value (it could not be loaded)."""
     if isinstance(value, torch.Tensor):
-        return value
+        return to_host(value)
     if isinstance(value, np.ndarray):
         return {_NDARRAY: torch.from_numpy(np.array(value, copy=True, order="C"))}
     if isinstance(value, np.generic):  # before float: numpy's float64 is a float too

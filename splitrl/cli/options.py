@@ -11,7 +11,7 @@ import click
 
 from ..runs import default_run_dir
 from ..settings import (CODEC_STREAMS, CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings,
-                        TrainSettings, option_name)
+                        SettingsError, TrainSettings, option_name)
 
 __all__ = ["training_options", "stage_argv"]
 
@@ -74,7 +74,13 @@ def training_options(func: Callable | None = None, *, link: bool = True) -> Call
 def stage_argv(settings: TrainSettings, options: RunOptions, *, absolute: bool = False) -> tuple[list[str], str]:
     """Check the settings (`ValueError` listing every problem), give the run its directory (a new one under
     runs/ unless --run-dir), and return (the argv both stage processes get, the run directory)."""
-    settings.validate(options)
+    devices = options.device_errors("stage0", "stage1")  # both stages run on this machine
+    try:
+        settings.validate(options)
+    except SettingsError as exc:  # every problem at once, the devices' too
+        raise SettingsError("\n  - ".join([str(exc), *devices])) from None
+    if devices:
+        raise SettingsError("invalid settings:\n  - " + "\n  - ".join(devices))
     run_dir = options.resume or options.run_dir or default_run_dir(settings.env.env_id)
     if absolute:
         run_dir = os.path.abspath(run_dir)

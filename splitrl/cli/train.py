@@ -2,38 +2,59 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import click
+from click.core import ParameterSource
 
-from ..settings import RunOptions, TrainSettings
+from ..settings import RunOptions, SettingsError, TrainSettings
 from .errors import run_cli
 from .options import stage_argv, training_options
 
 __all__ = ["stage0", "stage1", "train", "run", "curve"]
 
 
+def _device_option(role: str):
+    return click.option("--device", default=None, metavar="DEVICE",
+                        help=f"where this stage computes: cpu, cuda, cuda:N or auto (--{role}-device's shorthand; "
+                             "default cpu)")
+
+
+def _with_device(options: RunOptions, role: str, device: str | None) -> RunOptions:
+    """``options`` with ``--device`` as this stage's device; SettingsError if ``--ROLE-device`` says otherwise."""
+    if device is None:
+        return options
+    field = f"{role}_device"
+    given = click.get_current_context().get_parameter_source(field) not in (ParameterSource.DEFAULT, None)
+    if given and getattr(options, field) != device:
+        raise SettingsError(f"--device {device} and --{role}-device {getattr(options, field)} contradict each other")
+    return dataclasses.replace(options, **{field: device})
+
+
 @click.command()
 @click.option("--connect", default="tcp://127.0.0.1:5555", show_default=True,
               help="stage1's endpoint (tcp://HOST:PORT uses PORT and PORT+1; also ipc://PATH)")
+@_device_option("stage0")
 @training_options
-def stage0(settings: TrainSettings, options: RunOptions, connect: str) -> None:
+def stage0(settings: TrainSettings, options: RunOptions, connect: str, device: str | None) -> None:
     """The edge: environments + encoder. Drives the schedule."""
     from ..runner import run_stage0
 
-    run_cli(lambda: run_stage0(settings, options, connect))
+    run_cli(lambda: run_stage0(settings, _with_device(options, "stage0", device), connect))
 
 
 @click.command()
 @click.option("--bind", default="tcp://127.0.0.1:5555", show_default=True,
               help="where to listen (tcp://HOST:PORT binds PORT and PORT+1; also ipc://PATH); an address beyond "
                    "this machine needs --curve (or --insecure)")
+@_device_option("stage1")
 @training_options
-def stage1(settings: TrainSettings, options: RunOptions, bind: str) -> None:
+def stage1(settings: TrainSettings, options: RunOptions, bind: str, device: str | None) -> None:
     """The server: actor-critic heads + PPO learner. Serves one stage0 session."""
     from ..runner import run_stage1
 
-    run_cli(lambda: run_stage1(settings, options, bind))
+    run_cli(lambda: run_stage1(settings, _with_device(options, "stage1", device), bind))
 
 
 @click.command()

@@ -9,10 +9,12 @@ training features, training gradients).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
+from ..devices import to_device, to_host
 from .base import STREAMS, Codec, CodecError, Context, Encoded, Param
 from .delta import Delta, RolloutView
 from .dense import Bf16, Fp16, Fp32, Int8
@@ -79,12 +81,20 @@ class CodecSet:
     A codec's part ``''`` travels as the tensor's own name (so fp32 messages look
     exactly as without codecs); part ``p`` as ``name.p``. Non-empty codec metadata
     goes in the header under ``codec`` -> name.
+
+    The codecs work in host memory, as the wire does: `pack` encodes the host copy of a tensor that may live on
+    ``device`` (the side's: `splitrl.devices`), and `unpack` decodes on the host and hands the result to
+    ``device``. Their state (residuals, caches, the rollout view) stays on the host. On the CPU both moves are
+    no-ops.
     """
 
-    def __init__(self, rollout: str = "fp32", fwd: str = "fp32", bwd: str = "fp32") -> None:
+    def __init__(self, rollout: str = "fp32", fwd: str = "fp32", bwd: str = "fp32",
+                 device: torch.device | str = "cpu") -> None:
         self.codecs = {"rollout": parse_codec(rollout, "rollout"), "fwd": parse_codec(fwd, "fwd"),
                        "bwd": parse_codec(bwd, "bwd")}
         self._view: RolloutView | None = None
+        self.device = torch.device(device)
+        """Where this side computes: `unpack`'s results go there."""
 
     def rollout_view(self) -> RolloutView:
         """Every rollout sample's features as stage1 decoded them, kept alike on both sides from now on."""
@@ -122,7 +132,8 @@ class CodecSet:
 
     def pack(self, stream: str, name: str, x: torch.Tensor, ctx: Context,
              tensors: dict[str, torch.Tensor], header: dict[str, Any]) -> torch.Tensor:
-        """Encode ``x`` into ``tensors``/``header``; returns the receiver's view of it."""
+        """Encode ``x`` (its host copy) into ``tensors``/``header``; returns the receiver's view of it, on the host."""
+        x, ctx = to_host(x), _on_host(ctx)
         enc = self.codecs[stream].encode(x, ctx)
         for key, t in enc.tensors.items():
             tensors[f"{name}.{key}" if key else name] = t
@@ -135,7 +146,9 @@ class CodecSet:
 
     def unpack(self, stream: str, name: str, tensors: dict[str, torch.Tensor], header: dict[str, Any],
                ctx: Context, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """Decode ``name`` from a received message; `CodecError` if it does not fit."""
+        """Decode ``name`` from a received message, on the host, and hand it to `device`; `CodecError` if it does
+        not fit."""
+        ctx = _on_host(ctx)
         prefix = name + "."
         parts = {k[len(prefix):]: t for k, t in tensors.items() if k.startswith(prefix)}
         if name in tensors:
@@ -150,7 +163,7 @@ class CodecSet:
             raise CodecError(f"tensor {name!r}: {exc}") from None
         if stream == "rollout":
             self.observe_rollout(ctx, x)
-        return x
+        return to_device(x, self.device)
 
     def observe_rollout(self, ctx: Context, x: torch.Tensor) -> None:
         """Rollout features of ``ctx.idx``'s samples as stage1 has them: they fill the delta cache
@@ -159,3 +172,10 @@ class CodecSet:
             self.codecs["fwd"].observe(ctx.idx, x)
             if self._view is not None:
                 self._view.observe(ctx.idx, x)
+
+
+def _on_host(ctx: Context) -> Context:
+    """``ctx`` with its tensors in host memory (itself where they are: always, on the CPU)."""
+    moved = {key: to_host(t) for key in ("idx", "envs", "mask") if (t := getattr(ctx, key)) is not None
+             and t.device.type != "cpu"}
+    return dataclasses.replace(ctx, **moved) if moved else ctx

@@ -19,26 +19,29 @@ class RolloutBuffer:
     default all) lets env groups that step in turn write their own columns.
     """
 
-    def __init__(self, num_steps: int, num_envs: int, action_dim: int, discrete: bool = False) -> None:
+    def __init__(self, num_steps: int, num_envs: int, action_dim: int, discrete: bool = False,
+                 device: torch.device | str = "cpu") -> None:
         self.num_steps, self.num_envs, self.action_dim = num_steps, num_envs, action_dim
+        self.device = torch.device(device)
+        """Where the storage lives; what is added moves there (values from the wire come in host memory)."""
         shape = (num_steps, num_envs)
         self.action_shape = () if discrete else (action_dim,)
-        self.actions = torch.zeros(shape + self.action_shape, dtype=torch.int64 if discrete else torch.float32)
-        self.logprobs = torch.zeros(shape)
-        self.values = torch.zeros(shape)
-        self.rewards = torch.zeros(shape)
-        self.terminated = torch.zeros(shape)
-        self.truncated = torch.zeros(shape)
-        self.final_values = torch.zeros(shape)
+        zeros = dict(device=self.device)
+        self.actions = torch.zeros(shape + self.action_shape, dtype=torch.int64 if discrete else torch.float32, **zeros)
+        self.logprobs = torch.zeros(shape, **zeros)
+        self.values = torch.zeros(shape, **zeros)
+        self.rewards = torch.zeros(shape, **zeros)
+        self.terminated = torch.zeros(shape, **zeros)
+        self.truncated = torch.zeros(shape, **zeros)
+        self.final_values = torch.zeros(shape, **zeros)
 
     @property
     def batch_size(self) -> int:
         return self.num_steps * self.num_envs
 
-    @staticmethod
-    def _vec(x, n: int) -> torch.Tensor:
-        # critics often emit (N, 1) and envs numpy arrays; normalise both to (N,) float32
-        return torch.as_tensor(x, dtype=torch.float32).detach().reshape(n)
+    def _vec(self, x, n: int) -> torch.Tensor:
+        # critics often emit (N, 1) and envs numpy arrays; normalise both to (N,) float32, on the storage's device
+        return torch.as_tensor(x, dtype=torch.float32, device=self.device).detach().reshape(n)
 
     def _width(self, envs: slice) -> int:
         return len(range(*envs.indices(self.num_envs)))
@@ -46,14 +49,14 @@ class RolloutBuffer:
     def add(self, step: int, *, actions, logprobs, values, envs: slice = slice(None)) -> None:
         """Record what the policy produced at step ``step``."""
         n = self._width(envs)
-        self.actions[step, envs] = torch.as_tensor(actions, dtype=self.actions.dtype).detach()
+        self.actions[step, envs] = torch.as_tensor(actions, dtype=self.actions.dtype, device=self.device).detach()
         self.logprobs[step, envs] = self._vec(logprobs, n)
         self.values[step, envs] = self._vec(values, n)
 
     def add_rows(self, steps: torch.Tensor, envs: torch.Tensor, *, actions, logprobs, values) -> None:
         """`add` for rows of different steps: row i is step ``steps[i]`` of env ``envs[i]``."""
         n = len(envs)
-        self.actions[steps, envs] = torch.as_tensor(actions, dtype=self.actions.dtype).detach()
+        self.actions[steps, envs] = torch.as_tensor(actions, dtype=self.actions.dtype, device=self.device).detach()
         self.logprobs[steps, envs] = self._vec(logprobs, n)
         self.values[steps, envs] = self._vec(values, n)
 
@@ -79,9 +82,9 @@ class RolloutBuffer:
             if needs_bootstrap.any():
                 # silently bootstrapping 0 would bias every time-limited episode
                 raise ValueError("final_values is required when an env is truncated")
-            fv = torch.zeros(n)
+            fv = torch.zeros(n, device=self.device)
         else:
-            fv = torch.where(needs_bootstrap, self._vec(final_values, n), torch.zeros(n))
+            fv = torch.where(needs_bootstrap, self._vec(final_values, n), torch.zeros(n, device=self.device))
         self.rewards[where] = self._vec(rewards, n)
         self.terminated[where] = term.float()
         self.truncated[where] = trunc.float()

@@ -35,18 +35,21 @@ class TanhGaussian:
         self.log_std = log_std.expand_as(mean)
         self.std = self.log_std.exp()
 
+    def _noise(self, shape: tuple[int, ...], generator: torch.Generator | None) -> torch.Tensor:
+        """Standard normal noise drawn where ``generator`` lives (a CPU generator's stream is the same whatever
+        device the policy is on, and its state goes in a checkpoint as it is), then moved to the mean's device."""
+        device = self.mean.device if generator is None else generator.device
+        return torch.randn(shape, generator=generator, dtype=self.mean.dtype, device=device).to(self.mean.device)
+
     def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
         """Draw pre-tanh actions u, (B, A). Detached: PPO treats actions as data."""
-        noise = torch.randn(
-            self.mean.shape, generator=generator, dtype=self.mean.dtype, device=self.mean.device
-        )
+        noise = self._noise(tuple(self.mean.shape), generator)
         return (self.mean + self.std * noise).detach()
 
     def sample_parts(self, parts: list[tuple[int, torch.Generator | None]]) -> torch.Tensor:
         """`sample` with the rows in consecutive parts (size, generator), each part's noise its own draw:
         the numbers that part would get sampled alone."""
-        noise = torch.cat([torch.randn((size,) + tuple(self.mean.shape[1:]), generator=generator,
-                                       dtype=self.mean.dtype, device=self.mean.device) for size, generator in parts])
+        noise = torch.cat([self._noise((size,) + tuple(self.mean.shape[1:]), generator) for size, generator in parts])
         return (self.mean + self.std * noise).detach()
 
     def log_prob(self, u: torch.Tensor) -> torch.Tensor:
@@ -84,15 +87,22 @@ class Categorical:
         self.logits = logits - logits.logsumexp(-1, keepdim=True)
         self.probs = torch.softmax(logits, -1)
 
+    def _draw(self, probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """One index per row of ``probs``, drawn where ``generator`` lives (as `TanhGaussian`'s noise is), on the
+        probabilities' device."""
+        if generator is not None and generator.device != probs.device:
+            return torch.multinomial(probs.to(generator.device), 1, generator=generator).squeeze(-1).to(probs.device)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
     def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
         """Draw action indices, (B,) int64 (integers carry no gradient: PPO treats actions as data)."""
-        return torch.multinomial(self.probs, 1, generator=generator).squeeze(-1)
+        return self._draw(self.probs, generator)
 
     def sample_parts(self, parts: list[tuple[int, torch.Generator | None]]) -> torch.Tensor:
         """`sample` with the rows in consecutive parts (size, generator), each part drawn as it would be alone."""
         out, start = [], 0
         for size, generator in parts:
-            out.append(torch.multinomial(self.probs[start:start + size], 1, generator=generator).squeeze(-1))
+            out.append(self._draw(self.probs[start:start + size], generator))
             start += size
         return torch.cat(out)
 

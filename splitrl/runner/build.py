@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from ..devices import resolve_device
 from ..envs import EnvSpec
 from ..runs import RunLog
 from ..schedule import asynchronous, fleet, pipelined, sync
@@ -24,17 +25,22 @@ def make_edge(settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None, op
     needs."""
     concurrent = settings.schedule.mode == "async"
     return Edge(settings, spec, run_log, vector=options.vector, acting_copy=concurrent,
-                slots=settings.schedule.max_staleness + 1 if concurrent else 1, edge=edge)
+                slots=settings.schedule.max_staleness + 1 if concurrent else 1, edge=edge,
+                device=resolve_device(options.stage0_device))
 
 
 def make_evaluation(settings: TrainSettings, spec: EnvSpec, options: RunOptions) -> Evaluation | None:
-    """Stage0's scoring during training, if ``--eval-every`` asks for it."""
-    return Evaluation(settings, spec, options.eval_every, options.eval_episodes) if options.eval_every else None
+    """Stage0's scoring during training, if ``--eval-every`` asks for it (on stage0's device)."""
+    if not options.eval_every:
+        return None
+    return Evaluation(settings, spec, options.eval_every, options.eval_episodes, resolve_device(options.stage0_device))
 
 
-def make_learner(settings: TrainSettings, spec: EnvSpec) -> Learner:
-    """Stage1's compute, with as many rollout slots and acting copies as the schedule needs; a fleet's learns as
-    one edge with all the edges' envs (`TrainSettings.fleet_view`)."""
+def make_learner(settings: TrainSettings, spec: EnvSpec, options: RunOptions | None = None) -> Learner:
+    """Stage1's compute (on ``options``' stage1 device; default the CPU), with as many rollout slots and acting
+    copies as the schedule needs; a fleet's learns as one edge with all the edges' envs
+    (`TrainSettings.fleet_view`)."""
     concurrent = settings.schedule.mode == "async"
     return Learner(settings.fleet_view(), spec, acting_copy=concurrent,
-                   slots=settings.schedule.max_staleness + 1 if concurrent else 1)
+                   slots=settings.schedule.max_staleness + 1 if concurrent else 1,
+                   device=resolve_device((options or RunOptions()).stage1_device))

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..devices import describe_device, resolve_device, use_device
 from ..envs import EnvSpec, inspect_env
 from ..models import agent
 from ..runs import RunLog, check_fresh, checkpoint_iterations, default_run_dir, read_metrics
@@ -32,9 +33,12 @@ def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[En
 
     A run directory that holds a run already is refused, unless ``--resume`` (its settings must be
     this run's, but for ``total_steps``) or ``--overwrite`` (its metrics, episodes and checkpoints go)."""
-    spec = _checked(settings, options)
+    spec = _checked(settings, options, role)
     if options.threads:
         torch.set_num_threads(options.threads)
+    devices = {stage: resolve_device(options.device(stage)) for stage in _stages(role)}
+    for device in devices.values():
+        use_device(device)
     run_dir = options.resume or options.run_dir or default_run_dir(settings.env.env_id)
     config_name = "config.json" if role == "twin" else f"config-{role}.json"
     if options.resume:
@@ -50,19 +54,28 @@ def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[En
         "options": dataclasses.asdict(options),
         "env_spec": dataclasses.asdict(spec),
         "torch_threads": torch.get_num_threads(),
+        "devices": {stage: describe_device(device) for stage, device in devices.items()},
     }
     run_log.write_config(config, config_name)
     return spec, run_log
 
 
-def _checked(settings: TrainSettings, options: RunOptions) -> EnvSpec:
-    """The env's spec once every setting is checked: the options' own ranges and rules, the env, then the model,
-    its kwargs and the cut, which need the env's shapes. Every problem in one SettingsError."""
+def _stages(role: str) -> tuple[str, ...]:
+    """The stages a process of ``role`` runs: its own, or both (the twin)."""
+    return (STAGE0, STAGE1) if role == "twin" else (role,)
+
+
+def _checked(settings: TrainSettings, options: RunOptions, role: str) -> EnvSpec:
+    """The env's spec once every setting is checked: the options' own ranges and rules, the device of each stage
+    this process runs (``role``), the env, then the model, its kwargs and the cut, which need the env's shapes.
+    Every problem in one SettingsError."""
     problems = []
     try:
         settings.validate(options)
     except SettingsError as exc:
         problems.append(str(exc).removeprefix("invalid settings:\n  - "))
+    # A stage process is told its device with --device (or --ROLE-device); the twin, with both --ROLE-device.
+    problems += options.device_errors(*_stages(role), option=None if role == "twin" else "--device")
     spec = inspect_env(settings.env)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # built to be checked only: its orthogonal inits on every core cost seconds of CPU

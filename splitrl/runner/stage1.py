@@ -92,7 +92,7 @@ def serve_fleet(learner: Learner, links: list[Transport], settings: TrainSetting
 
 def _run_fleet_stage1(settings: TrainSettings, options: RunOptions, bind: str, spec: EnvSpec, run_log: RunLog,
                       learners: Learners) -> int:
-    learner = build.make_learner(settings, spec)
+    learner = build.make_learner(settings, spec, options)
     learner.learners = learners
     ids = edge_range(settings.schedule.edges, learners.world, learners.rank)
     links: list[Transport] = []
@@ -120,7 +120,7 @@ def run_stage1(settings: TrainSettings, options: RunOptions, bind: str) -> int:
             return _run_fleet_stage1(settings, options, bind, spec, run_log, learners)
     finally:
         learners.close()
-    learner = build.make_learner(settings, spec)
+    learner = build.make_learner(settings, spec, options)
     with open_link(options, bind, bind=True, peer="stage0") as link:
         log.info("[stage1] listening on %s (%s)", link.endpoint, options.transport)
         resume, rejoining = bool(options.resume), False
@@ -144,4 +144,4 @@ def run_stage1(settings: TrainSettings, options: RunOptions, bind: str) -> int:
                 else:
                     raise
                 link.new_session()
-                learner = build.make_learner(settings, spec)
+                learner = build.make_learner(settings, spec, options)

@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..devices import to_host
 from ..runs import RunLog
 from ..stages import STAGE0, STAGE1, Edge, EdgeExchange, Learner, LearnerExchange
 from ..stages.evaluate import Evaluation
@@ -171,7 +172,7 @@ def stage1_finish(learner: Learner, exchange: LearnerExchange, link: Transport |
     for each, msg, extra in zip(links, msgs, extras or [{}] * len(links)):
         each.send("iter_stats", header={**stats, **extra})
         if msg.header.get("eval") is True:  # stage0 scores the policy: it needs the heads
-            heads = heads or {name: p.detach() for name, p in learner.heads.state_dict().items()}
+            heads = heads or {name: to_host(p.detach()) for name, p in learner.heads.state_dict().items()}
             each.send("eval_heads", heads, {"iteration": iteration})
 
 

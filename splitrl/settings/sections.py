@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+from ..devices import check_device_name, device_error
 from ..errors import SettingsError
 from .options import doc, field_errors, to_argv
 from .rules import rule_errors
@@ -319,6 +321,16 @@ class RunOptions:
     checkpoint_every: int = doc(1, "save both stages every N iterations (0: only at the end); what --resume "
                                    "continues from", min=0)
     threads: int = doc(0, "torch intra-op threads (0: torch's default)", min=0)
+    stage0_device: str = doc("cpu", "where stage0 computes (its encoder, optimizer and rollout storage; the envs step "
+                                    "on the CPU either way): cpu, cuda, cuda:N, or auto (cuda where this machine has "
+                                    "one, else cpu); this stage's own choice, not in the handshake (`splitrl stage0 "
+                                    "--device` says the same)", option="stage0-device",
+                             spec=partial(check_device_name, option="--stage0-device"))
+    stage1_device: str = doc("cpu", "where stage1 computes (the heads, the PPO learner, its optimizer and rollout "
+                                    "storage): cpu, cuda, cuda:N, or auto (cuda where this machine has one, else "
+                                    "cpu); this stage's own choice, not in the handshake (`splitrl stage1 --device` "
+                                    "says the same)", option="stage1-device",
+                             spec=partial(check_device_name, option="--stage1-device"))
     vector: str = doc("auto", "how stage0 steps its environments: 'sync' in its own process, 'async' in one "
                               "worker process each (gymnasium AsyncVectorEnv), so encoding and the link overlap them; "
                               "'auto': async where it measured faster (4 or more envs), else sync",
@@ -372,6 +384,24 @@ class RunOptions:
         except ValueError:
             return float("nan")
 
+
+    def device(self, role: str) -> str:
+        """The device ``role`` (stage0 or stage1) computes on, as given (`splitrl.devices.resolve_device` reads it)."""
+        return getattr(self, f"{role}_device")
+
+    def device_errors(self, *roles: str, option: str | None = None) -> list[str]:
+        """Why this machine cannot compute where each of ``roles`` is asked to (imports torch for a CUDA device):
+        checked where the stage runs, before any socket opens, and by ``splitrl run`` for both stages before it
+        starts them. ``option``: the option the messages name (default ``--ROLE-device``)."""
+        out = []
+        for role in roles:
+            try:
+                check_device_name(self.device(role))
+            except SettingsError:
+                continue  # not a device's name: the field's own check says so
+            message = device_error(self.device(role), option or f"--{role}-device")
+            out += [message] if message else []
+        return out
 
     def errors(self) -> list[str]:
         """Every problem of these options alone (`TrainSettings.validate` checks them against the settings)."""

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..codecs import CodecSet, Context
+from ..devices import to_device
 from ..transport import Message
 
 __all__ = ["SAMPLE", "SAMPLE_CODEC", "PROJECTION", "REPLAY", "sampled", "pack_sample", "unpack_sample", "Autoencoder"]
@@ -82,8 +83,8 @@ class Autoencoder:
         self.current: list[torch.Tensor] = []
 
     def add(self, x: torch.Tensor) -> None:
-        """Samples from the rollout being collected."""
-        self.current.append(x)
+        """Samples from the rollout being collected (they join the fit's device: the projection's)."""
+        self.current.append(to_device(x, self.projection.weight.device))
 
     def fit(self) -> dict[str, float]:
         """Fit on the replay with this rollout's samples in it; statistics of the fit."""
@@ -120,6 +121,7 @@ class Autoencoder:
         with torch.no_grad():
             self.projection.weight.copy_(state["projection"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.replay = deque((x.clone() for x in state["replay"]), maxlen=REPLAY)
+        device = self.projection.weight.device
+        self.replay = deque((to_device(x, device).clone() for x in state["replay"]), maxlen=REPLAY)
         self.generator.set_state(state["generator"])
         self.current = []

@@ -45,10 +45,10 @@ class Rescore:
     """``--rescore``: one rollout's samples scored again by the network that starts its training (NaN until
     `set` fills them; flat, as the buffer's ``b_*``)."""
 
-    def __init__(self, iteration: int, samples: int) -> None:
+    def __init__(self, iteration: int, samples: int, device: torch.device | str = "cpu") -> None:
         self.iteration = iteration
-        self.logprobs = torch.full((samples,), float("nan"))
-        self.values = torch.full((samples,), float("nan"))
+        self.logprobs = torch.full((samples,), float("nan"), device=device)
+        self.values = torch.full((samples,), float("nan"), device=device)
 
     def set(self, idx: torch.Tensor, logprobs: torch.Tensor, values: torch.Tensor) -> None:
         self.logprobs[idx], self.values[idx] = logprobs, values

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ..codecs import CodecSet, Context
+from ..devices import to_device
 from ..envs import (EnvSpec, choose_vector, make_vector_env, restore_vector_env, to_chw, vector_env_state,
                     worker_cpu_seconds)
 from ..models import agent
@@ -62,8 +63,12 @@ class Edge:
     """
 
     def __init__(self, settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None = None, *,
-                 vector: str = "auto", slots: int = 1, acting_copy: bool = False, edge: int = 0) -> None:
+                 vector: str = "auto", slots: int = 1, acting_copy: bool = False, edge: int = 0,
+                 device: torch.device | str = "cpu") -> None:
         self.settings, self.spec, self.run_log = settings, spec, run_log
+        self.device = torch.device(device)
+        """Where the encoder, its optimizer and the rollout's observations live (`splitrl.devices`); the envs step on
+        the CPU, and the codecs work in host memory."""
         self.edge = edge
         """Which edge of a fleet this is (`ScheduleSettings.edges`): its envs are the fleet's envs
         ``offset .. offset + num_envs - 1`` of `total_envs`, seeded, named and indexed as those."""
@@ -72,7 +77,7 @@ class Edge:
         """A fleet's late edge: the iteration after which it joined (`join`); 0 for the others."""
         self.vector = choose_vector(vector, settings.env.num_envs)
         """'sync': the environments step in this process; 'async': in worker processes (`splitrl.envs.StepInTwo`)."""
-        self.net, _ = agent(settings, spec)
+        self.net = agent(settings, spec)[0].to(self.device)  # built on the CPU: the same weights on any device
         self.params = [p for p in self.net.parameters() if p.requires_grad]  # not an autoencoder's projection
         self.optimizer = torch.optim.Adam(self.params, lr=settings.ppo.lr_encoder, eps=1e-5) if self.params else None
         self.policy: PolicyVersions[nn.Sequential] = PolicyVersions(self.net, acting_copy)
@@ -80,12 +85,13 @@ class Edge:
         self.fleet = EdgeEncoder(self.net, self.optimizer, lambda: agent(settings, spec)[0])
         """This edge's part of a fleet's one encoder (``--encoder-sync``, joining)."""
         n, t = settings.env.num_envs, settings.ppo.num_steps
-        self.buffers = [torch.zeros((t, n) + spec.obs_shape, dtype=torch.uint8) for _ in range(slots)]
+        self.buffers = [torch.zeros((t, n) + spec.obs_shape, dtype=torch.uint8, device=self.device)
+                        for _ in range(slots)]
         self.obs = self.buffers[0]
         """The observations of the rollout being collected (one slot of `buffers`)."""
         self.flat_obs = self.obs.view((-1,) + spec.obs_shape)
         """The observations of the rollout being trained on, one row per sample (t * num_envs + env)."""
-        self.codecs = CodecSet(**settings.codecs.specs())
+        self.codecs = CodecSet(**settings.codecs.specs(), device=self.device)
         self.exchange = settings.codecs.parsed_exchange()
         """The training exchange as this iteration runs it (``--link-budget`` may lengthen a replica's periods)."""
         self.budget = LinkBudget.of(settings, spec)
@@ -189,12 +195,12 @@ class Edge:
 
     def encode(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return self.acting(torch.as_tensor(obs))
+            return self.acting(to_device(torch.as_tensor(obs), self.device))
 
     def observe(self, t: int, g: int = 0) -> Payload:
         """Group ``g``'s step ``t`` message: its observation stored and encoded, after its last outcome."""
         envs = self.groups[g]
-        obs = torch.as_tensor(to_chw(self.next_obs[g], self.stacked))
+        obs = to_device(torch.as_tensor(to_chw(self.next_obs[g], self.stacked)), self.device)
         self.obs[t, envs[0]: envs[-1] + 1] = obs
         tensors, header = self.outcome[g]
         if t == 0 and self.iteration in self.announced:

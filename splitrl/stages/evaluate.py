@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..devices import to_device, to_host
 from ..envs import EnvSpec, make_single_env, to_chw
 from ..models import ActorCriticHeads, agent
 from ..runs import checkpoint_iterations, load_checkpoint, run_config
@@ -71,6 +72,7 @@ def evaluate(settings: TrainSettings, encoder: nn.Module, heads: ActorCriticHead
         env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True,
                                        name_prefix=f"eval-seed{seed}", disable_logger=True)
     stacked = settings.env.frame_stack > 1
+    device = next(heads.parameters()).device  # the encoder's too: both halves compute where the heads are
     generator = torch.Generator().manual_seed(seed)
     returns, lengths = [], []
     was_training = encoder.training, heads.training
@@ -82,11 +84,11 @@ def evaluate(settings: TrainSettings, encoder: nn.Module, heads: ActorCriticHead
             total, steps, done = 0.0, 0, False
             while not done:
                 with torch.no_grad():
-                    x = encoder(torch.as_tensor(to_chw(np.asarray(obs)[None], stacked)))
+                    x = encoder(to_device(torch.as_tensor(to_chw(np.asarray(obs)[None], stacked)), device))
                     mean, value = heads.outputs(x)
                     u = heads.greedy_action(mean) if deterministic else heads.evaluate(mean, value,
                                                                                        generator=generator)[0]
-                action = spec.env_action(heads.wire_action(u).numpy(), settings.env.action_map)[0]
+                action = spec.env_action(to_host(heads.wire_action(u)).numpy(), settings.env.action_map)[0]
                 obs, reward, terminated, truncated, _ = env.step(action)
                 total += float(reward)
                 steps += 1
@@ -113,8 +115,11 @@ class Evaluation:
     env, own generator), so training goes on exactly as without it.
     """
 
-    def __init__(self, settings: TrainSettings, spec: EnvSpec, every: int, episodes: int) -> None:
+    def __init__(self, settings: TrainSettings, spec: EnvSpec, every: int, episodes: int,
+                 device: torch.device | str = "cpu") -> None:
         self.settings, self.spec, self.every, self.episodes = settings, spec, every, episodes
+        self.device = torch.device(device)
+        """stage0's device, where its encoder is: the heads are put beside it."""
         self._heads: ActorCriticHeads | None = None
 
     def due(self, iteration: int) -> bool:
@@ -125,7 +130,7 @@ class Evaluation:
         """Score ``encoder`` with heads of ``heads_state``; the metrics keys of the iteration's record."""
         s = self.settings
         if self._heads is None:
-            _, self._heads = agent(s, self.spec)
+            self._heads = agent(s, self.spec)[1].to(self.device)
         self._heads.load_state_dict(heads_state)
         result = evaluate(s, encoder, self._heads, self.spec, episodes=self.episodes, seed=eval_seed(s))
         return {"eval/return_mean": result.mean, "eval/return_std": result.std, "eval/episodes": len(result.returns)}

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..codecs import CodecError
+from ..devices import to_device, to_host
 from ..transport import Message, ProtocolError
 from ..transport.errors import peer_repr
 from .learners import Learners
@@ -53,14 +54,14 @@ class EdgeEncoder:
         """``--encoder-sync avg``: the encoder as the fleet last agreed on it (`change`, `take_average`)."""
 
     def gradients(self) -> dict[str, torch.Tensor]:
-        """The encoder's gradients accumulated since the last step, by name (zeros where none)."""
-        return {ENCODER_PREFIX + name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach()
+        """The encoder's gradients accumulated since the last step, by name (zeros where none), in host memory."""
+        return {ENCODER_PREFIX + name: to_host((p.grad if p.grad is not None else torch.zeros_like(p)).detach())
                 for name, p in self.net.named_parameters()}
 
     def set_gradients(self, msg: Message) -> None:
         """Take the fleet's summed gradients (stage1's ``encoder_grad``) as this step's."""
         for name, p in self.net.named_parameters():
-            p.grad = tensor(msg, ENCODER_PREFIX + name, tuple(p.shape), p.dtype)
+            p.grad = to_device(tensor(msg, ENCODER_PREFIX + name, tuple(p.shape), p.dtype), p.device)
 
     def change(self, mode: str) -> dict[str, torch.Tensor]:
         """``encoder_avg``'s parts: the encoder's change since the fleet last averaged, through the dense codec
@@ -88,18 +89,18 @@ class EdgeEncoder:
 
     # -- joining ---------------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, torch.Tensor], int]:
-        """The encoder's weights and its optimizer's moments, as a joining edge takes them (`join`), and Adam's
-        step count."""
+        """The encoder's weights and its optimizer's moments in host memory, as a joining edge takes them (`join`),
+        and Adam's step count."""
         # Copies: a large tensor leaves zero-copy, after this edge may have stepped again.
-        tensors = {f"net.{name}": t.detach().clone() for name, t in self.net.state_dict().items()}
+        tensors = {f"net.{name}": to_host(t.detach()).clone() for name, t in self.net.state_dict().items()}
         step = 0
         if self.optimizer is not None:
             for name, p in ((n, p) for n, p in self.net.named_parameters() if p.requires_grad):
                 moments = self.optimizer.state.get(p)
                 if moments:
                     step = int(moments["step"])
-                    tensors[f"exp_avg.{name}"] = moments["exp_avg"].clone()
-                    tensors[f"exp_avg_sq.{name}"] = moments["exp_avg_sq"].clone()
+                    tensors[f"exp_avg.{name}"] = to_host(moments["exp_avg"]).clone()
+                    tensors[f"exp_avg_sq.{name}"] = to_host(moments["exp_avg_sq"]).clone()
         return tensors, step
 
     def join(self, msg: Message, iteration: int) -> int:

@@ -28,6 +28,7 @@ from typing import Any, Iterable
 import torch
 
 from ..codecs import CodecSet, Context
+from ..devices import to_device, to_host
 from ..envs import EnvSpec
 from ..models import ActorCriticHeads, agent
 from ..ppo import RolloutBuffer, anneal, explained_variance, minibatch_schedule
@@ -53,12 +54,17 @@ class Learner:
     """Heads + PPO. With the cut before the first layer it also keeps the rollout's
     inputs and trains alone (`train_alone`); otherwise each minibatch's inputs arrive."""
 
-    def __init__(self, settings: TrainSettings, spec: EnvSpec, *, slots: int = 1, acting_copy: bool = False) -> None:
+    def __init__(self, settings: TrainSettings, spec: EnvSpec, *, slots: int = 1, acting_copy: bool = False,
+                 device: torch.device | str = "cpu") -> None:
         self.settings, self.spec = settings, spec
+        self.device = torch.device(device)
+        """Where the heads, their optimizer, the rollout's storage and PPO's maths live (`splitrl.devices`); the
+        codecs work in host memory, and the action sampler's generator is the CPU's on any device."""
         ppo = settings.ppo
-        stage0_net, self.heads = agent(settings, spec)
+        stage0_net, heads = agent(settings, spec)  # built on the CPU: the same weights on any device
+        self.heads = heads.to(self.device)
         self.params = [p for p in self.heads.parameters() if p.requires_grad]  # not an autoencoder's decoder
-        self.autoencoder = (Autoencoder(stage0_net[-1], self.heads.trunk[-1], settings.seed)
+        self.autoencoder = (Autoencoder(stage0_net[-1].to(self.device), self.heads.trunk[-1], settings.seed)
                             if settings.bottleneck_train == "autoencoder" else None)
         """``--bottleneck-train autoencoder``: the fit of stage0's projection (a copy here) and the heads' trunk."""
         self.learners = Learners()
@@ -71,13 +77,13 @@ class Learner:
         """The heads the rollout acts with and the published ones (`publish`, `adopt`)."""
         n, t = settings.env.num_envs, ppo.num_steps
         self.set_groups(1)
-        self.buffers = [RolloutBuffer(t, n, spec.action_dim, spec.discrete) for _ in range(slots)]
+        self.buffers = [RolloutBuffer(t, n, spec.action_dim, spec.discrete, self.device) for _ in range(slots)]
         self.buffer = self.buffers[0]
         """The rollout being collected."""
         self.train_buffer = self.buffers[0]
         """The rollout being trained on."""
         self.trains_alone = not any(True for _ in stage0_net.parameters())
-        self.encoder_sum = EncoderSum({ENCODER_PREFIX + name: p.detach().clone()
+        self.encoder_sum = EncoderSum({ENCODER_PREFIX + name: to_host(p.detach()).clone()
                                        for name, p in stage0_net.named_parameters()}, lambda: self.learners)
         """A fleet's encoder: its edges' gradients summed (`sum_gradients`), their encoders averaged
         (`average_encoders`)."""
@@ -87,12 +93,13 @@ class Learner:
         # so that samples an older policy acted on can be scored by the one that trains.
         keep = (t, n) + spec.obs_shape if self.trains_alone else (t, n, self.feature_dim) if acting_copy else None
         keep_dtype = torch.uint8 if self.trains_alone else torch.float32
-        self.inputs = [torch.zeros(keep, dtype=keep_dtype) for _ in range(slots)] if keep else None
-        self.versions = [torch.zeros((t, n), dtype=torch.int64) for _ in range(slots)]
+        on = dict(device=self.device)
+        self.inputs = [torch.zeros(keep, dtype=keep_dtype, **on) for _ in range(slots)] if keep else None
+        self.versions = [torch.zeros((t, n), dtype=torch.int64, **on) for _ in range(slots)]
         """The policy version that acted on each sample: training iterations done before it, or epochs with
         --publish epoch (`TrainSettings.versions_per_iteration`)."""
-        self.last_values = [torch.zeros(n) for _ in range(slots)]
-        self.codecs = CodecSet(**settings.codecs.specs())
+        self.last_values = [torch.zeros(n, **on) for _ in range(slots)]
+        self.codecs = CodecSet(**settings.codecs.specs(), device=self.device)
         self.exchange = settings.codecs.parsed_exchange()
         """The training exchange as this iteration runs it (``--link-budget`` may lengthen a replica's periods)."""
         self.budget = LinkBudget.of(settings, spec)
@@ -220,7 +227,7 @@ class Learner:
         if self.inputs is not None:
             self.inputs[slot][at, envs] = x
         self.versions[slot][at, envs] = self._acting_version()
-        wire = self.acting.wire_action(u)
+        wire = to_host(self.acting.wire_action(u))  # one copy for every group's actions
         payloads, start = [], 0
         for size, _ in parts:
             payloads.append(({"action": wire[start:start + size]}, {}))
@@ -265,7 +272,8 @@ class Learner:
         if not outcomes:
             return
         steps, envs = rows_of([(step, g) for step, g, _ in outcomes], self.group_rows)
-        reward, terminated, truncated, final_values = (torch.cat(parts) for parts in zip(*(o for _, _, o in outcomes)))
+        reward, terminated, truncated, final_values = (to_device(torch.cat(parts), self.device)
+                                                       for parts in zip(*(o for _, _, o in outcomes)))
         self.buffer.add_outcome_rows(steps, envs, rewards=reward, terminated=terminated, truncated=truncated,
                                      final_values=final_values)
 
@@ -276,7 +284,7 @@ class Learner:
         def final_values(index: torch.Tensor) -> torch.Tensor:
             ctx = Context(envs=index + envs.start, global_step=self.global_step(step + 1, g))
             return self.acting.get_value(self._input(msg, ctx, "final_features"))
-        return read_outcome(msg, envs, final_values)
+        return read_outcome(msg, envs, final_values, self.device)
 
     # -- training --------------------------------------------------------------------
     def begin_training(self, iteration: int) -> list[list[torch.Tensor]]:
@@ -315,7 +323,7 @@ class Learner:
         """``--rescore``: score ``iteration``'s rollout again with the heads as they start its training, sample by
         sample (`rescore`, before `begin_training`)."""
         self._training_codecs(iteration)
-        self.decoupled.rescored = Rescore(iteration, self.buffers[self._slot(iteration)].batch_size)
+        self.decoupled.rescored = Rescore(iteration, self.buffers[self._slot(iteration)].batch_size, self.device)
 
     @property
     def rescore_step(self) -> int:

@@ -180,7 +180,7 @@ class Learners:
         digest = hashlib.sha256()
         for name, t in module.state_dict().items():
             digest.update(name.encode())
-            digest.update(t.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+            digest.update(t.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
         self.agree(digest.hexdigest(), what)
 
     def newest_common(self, held: Iterable[int]) -> int:

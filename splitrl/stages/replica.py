@@ -56,6 +56,7 @@ import torch
 from torch import nn
 
 from ..codecs import CodecError, Context
+from ..devices import to_device
 from ..models import ActorCriticHeads, agent
 from ..settings import Exchange
 from ..transport import Message, ProtocolError
@@ -126,7 +127,8 @@ class ReplicaEdge(EdgeExchange):
         super().__init__(edge)
         s, spec = edge.settings, edge.spec
         _, heads = agent(s, spec)
-        self.replica = folded(heads).requires_grad_(False)  # never trained here: stage1's heads, as last sent
+        # Never trained here: stage1's heads, as last sent; on stage0's device (the sync's view stays in host memory).
+        self.replica = folded(heads).requires_grad_(False).to(self.codecs.device)
         weights = replicated(self.replica)
         if s.bottleneck_train == "autoencoder":  # stage1 fits the projection: it comes with the update too
             weights.append((PROJECTION, edge.net[-1].weight))
@@ -141,7 +143,7 @@ class ReplicaEdge(EdgeExchange):
         return self.edge.exchange
 
     def _view_rows(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.view.rows(idx, (len(idx), self.feature_dim))
+        return to_device(self.view.rows(idx, (len(idx), self.feature_dim)), self.codecs.device)
 
     def _view_outputs(self, idx: torch.Tensor) -> torch.Tensor:
         """The replica's outputs on the rollout view of samples ``idx``: cached for the
@@ -223,7 +225,7 @@ class ReplicaLearner(LearnerExchange):
         width = heads.actor_mean[-1].out_features + 1  # the actor's outputs (the action's width) and the value
         change = self.codecs.unpack("fwd", "outputs", msg.tensors, msg.header, ctx, (len(idx), width), torch.float32)
         offset = _finite(change, "the outputs' change").requires_grad_()
-        mean, value = heads.outputs(self.view.rows(idx, (len(idx), heads.input_dim)))
+        mean, value = heads.outputs(to_device(self.view.rows(idx, (len(idx), heads.input_dim)), self.codecs.device))
         learner.loss(idx, mean + offset[:, :-1], value + offset[:, -1], minibatch).backward()
         tensors, header = {}, {}
         self.codecs.pack("bwd", "grad", offset.grad, ctx, tensors, header)

@@ -15,6 +15,7 @@ import torch
 
 from ..codecs import CodecError, Context
 from ..codecs.dense import Bf16, Fp32, Int8
+from ..devices import to_host
 
 __all__ = ["WeightSync", "CODECS_BY_MODE"]
 
@@ -37,7 +38,8 @@ class WeightSync:
         if mode not in CODECS_BY_MODE:
             raise ValueError(f"{what}: mode must be one of {', '.join(CODECS_BY_MODE)}, got {mode!r}")
         self.codec = CODECS_BY_MODE[mode]()
-        self.view = {name: t.detach().float().clone() for name, t in initial}
+        self.view = {name: to_host(t.detach().float()).clone() for name, t in initial}
+        """In host memory, as the codecs work (the weights themselves may live on a device)."""
 
     def encode(self, current: Iterable[tuple[str, torch.Tensor]],
                names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
@@ -49,7 +51,7 @@ class WeightSync:
                              f"got {sorted(current)}")
         parts: dict[str, torch.Tensor] = {}
         for name, base in selected.items():
-            enc = self.codec.encode(current[name].detach().float() - base, Context())
+            enc = self.codec.encode(to_host(current[name].detach().float()) - base, Context())
             parts.update({f"{name}.{key}" if key else name: t for key, t in enc.tensors.items()})
             base += enc.recon
         return parts
@@ -93,7 +95,7 @@ class WeightSync:
             raise ValueError(f"{self.what}: expected tensors {sorted(self.view)}, got {sorted(current)}")
         parts: dict[str, torch.Tensor] = {}
         for name, base in self.view.items():
-            enc = self.codec.encode(current[name].detach().float() - base, Context())
+            enc = self.codec.encode(to_host(current[name].detach().float()) - base, Context())
             parts.update({f"{name}.{key}" if key else name: t for key, t in enc.tensors.items()})
         return parts
 
