@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import time
@@ -29,6 +30,7 @@ __all__ = [
     "CheckpointError",
     "checkpoint_path",
     "checkpoint_iterations",
+    "intact_checkpoints",
     "load_checkpoint",
     "upgrade_checkpoints",
     "truncate_logs",
@@ -48,6 +50,8 @@ __all__ = [
     "measured_records",
     "summarise_run",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def default_run_dir(env_id: str) -> str:
@@ -187,6 +191,20 @@ def checkpoint_iterations(run_dir: str | Path, stage: str) -> list[int]:
         if digits.isdigit() and path.with_name(path.name + ".sha256").exists():
             found.append(int(digits))
     return sorted(found)
+
+
+def intact_checkpoints(run_dir: str | Path, stage: str) -> list[int]:
+    """`checkpoint_iterations` whose files match their checksums: where a run resumes from. A damaged one is
+    passed over with a warning, so the run goes on from the newest intact checkpoint before it."""
+    intact = []
+    for iteration in checkpoint_iterations(run_dir, stage):
+        try:
+            _checked_bytes(checkpoint_path(run_dir, stage, iteration))
+        except (OSError, ValueError) as exc:
+            log.warning("%s; passed over: the run resumes from an older checkpoint if there is one", exc)
+        else:
+            intact.append(iteration)
+    return intact
 
 
 def _checked_bytes(path: Path) -> bytes:

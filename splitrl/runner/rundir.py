@@ -18,7 +18,7 @@ import torch
 from ..devices import describe_device, resolve_device, use_device
 from ..envs import EnvSpec, inspect_env
 from ..models import agent
-from ..runs import RunLog, check_fresh, checkpoint_iterations, default_run_dir, read_metrics
+from ..runs import RunLog, check_fresh, default_run_dir, intact_checkpoints, read_metrics
 from ..settings import RunOptions, SettingsError, TrainSettings
 from ..stages import STAGE0, STAGE1
 from ..transport import ProtocolError
@@ -138,11 +138,12 @@ def resume_point(peer_hello: dict[str, Any], ours: list[int]) -> int:
 
 
 def recorded_checkpoints(run_dir: Path) -> list[int]:
-    """Stage0's checkpoints whose iteration has its metrics record: the checkpoint is written before the record
-    (the record needs stage1's statistics, which come with the end of the iteration), so a run stopped between the
-    two resumes from the checkpoint before, and redoes that iteration, rather than leave a hole in metrics.jsonl."""
+    """Stage0's intact checkpoints (`intact_checkpoints`) whose iteration has its metrics record: the checkpoint
+    is written before the record (the record needs stage1's statistics, which come with the end of the
+    iteration), so a run stopped between the two resumes from the checkpoint before, and redoes that iteration,
+    rather than leave a hole in metrics.jsonl."""
     try:
         recorded = {int(r["iteration"]) for r in read_metrics(run_dir)}
     except ValueError:  # no metrics.jsonl: no iteration was recorded
         recorded = set()
-    return [i for i in checkpoint_iterations(run_dir, STAGE0) if i in recorded]
+    return [i for i in intact_checkpoints(run_dir, STAGE0) if i in recorded]

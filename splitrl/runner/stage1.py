@@ -11,7 +11,7 @@ import logging
 import time
 
 from ..envs import EnvSpec
-from ..runs import RunLog, checkpoint_iterations, load_checkpoint
+from ..runs import RunLog, intact_checkpoints, load_checkpoint
 from ..schedule import fleet
 from ..schedule.roster import Roster
 from ..settings import RunOptions, TrainSettings
@@ -36,7 +36,7 @@ def serve_stage1(learner: Learner, link: Transport, run_log: RunLog | None = Non
     shared = learner.settings.shared()
     try:
         exchange = learner_exchange(learner)
-        ours = checkpoint_iterations(run_log.dir, STAGE1) if resume and run_log is not None else []
+        ours = intact_checkpoints(run_log.dir, STAGE1) if resume and run_log is not None else []
         # Answers before checking, so a mismatch is reported on both sides.
         hello = answer_hello(link, STAGE1, STAGE0, shared, timeout=start_timeout,
                              extra={"checkpoints": ours} if resume else None)
@@ -69,7 +69,7 @@ def serve_fleet(learner: Learner, links: list[Transport], settings: TrainSetting
         exchange = learner_exchange(learner)
         roster = Roster(links, settings.shared(), min_edges, rejoin, first=first,
                         total=settings.schedule.edges, learners=learner.learners)
-        ours = checkpoint_iterations(run_log.dir, STAGE1) if resume and run_log is not None else []
+        ours = intact_checkpoints(run_log.dir, STAGE1) if resume and run_log is not None else []
         if resume:
             roster.answer_extra = {"checkpoints": ours}
         roster.start(start_timeout if start_timeout is not None else RunOptions().start_timeout)

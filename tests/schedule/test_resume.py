@@ -191,3 +191,21 @@ def test_a_checkpoint_without_its_metrics_record_is_not_resumed_from(tmp_path):
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"iteration": 3}) + "\n")
     assert recorded_checkpoints(tmp_path) == [2, 3]
+
+
+@pytest.mark.parametrize("stage", ["stage0", "stage1"])
+def test_a_damaged_newest_checkpoint_is_passed_over_for_the_one_before(tmp_path, straight, caplog, stage):
+    """Four iterations, then ``stage``'s newest checkpoint damaged (one byte, its checksum kept): --resume goes on
+    from the intact pair of iteration 3, says which file it passed over, and ends where the straight run does."""
+    run = tmp_path / "run"
+    four = [a if a != "192" else "128" for a in SIX]
+    assert train_in_process("--run-dir", str(run), *four).exit_code == 0
+    damaged = run / "checkpoints" / f"{stage}-iter00004.pt"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    caplog.set_level(logging.INFO)
+    assert train_in_process("--resume", str(run), *SIX).exit_code == 0
+    assert f"{damaged} does not match its checksum" in caplog.text and "resuming after iteration 3" in caplog.text
+    _same(_final(run), _final(straight))
+    assert _learning(run) == _learning(straight)
