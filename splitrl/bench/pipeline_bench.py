@@ -135,15 +135,18 @@ def run_pipeline_bench(modes: Sequence[str] = tuple(MODES), rtts_ms: Sequence[fl
     return rows
 
 
-def pipeline_table(rows: Sequence[dict[str, Any]]) -> str:
+def pipeline_table(rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None = None) -> str:
     """Markdown, one line per run; 'x sync' is steps/s over the synchronous run's at the same round trip; 'CPU s'
-    the stages' and env workers' CPU seconds an iteration (blank for runs from before that was recorded)."""
+    the stages' and env workers' CPU seconds an iteration (blank for runs from before that was recorded). With a
+    ``floor`` (`splitrl.bench.floor_bench.measure_floor`, measured in the same run): 'x floor', each row's
+    seconds over the floor on the machine's cores, and 'CPU over parts', its CPU seconds beyond the parts'."""
     sync = {r["rtt_ms"]: r["steps_per_second"] for r in rows if r["mode"] == "sync"}
     zero = {r["mode"]: r["seconds_per_iteration"] for r in rows if r["rtt_ms"] == 0}
     lines = [
         "| round trip | mode | s/iteration | steps/s | x sync | vs its 0 ms | busy stage0 | busy stage1 | busy envs "
-        "| CPU s | link wait s | MB/iteration | staleness mean / max | measured RTT ms |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| CPU s | link wait s | MB/iteration | staleness mean / max | measured RTT ms |"
+        + (" x floor | CPU over parts |" if floor else ""),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|" + ("---:|---:|" if floor else ""),
     ]
     for r in rows:
         ref = sync.get(r["rtt_ms"])
@@ -157,5 +160,11 @@ def pipeline_table(rows: Sequence[dict[str, Any]]) -> str:
             f"| {r['rtt_ms']:g} ms | {r['mode']} | {r['seconds_per_iteration']:.1f} | {r['steps_per_second']:.1f} "
             f"| {ratio} | {versus} | {r['busy_stage0']:.2f} | {r['busy_stage1']:.2f} | {envs} | {cpu} | {r['link_wait']:.1f} "
             f"| {r['bytes_per_iteration'] / 1e6:.0f} | {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} | {rtt} |"
+            + (_against_floor(r, floor) if floor else "")
         )
     return "\n".join(lines)
+
+
+def _against_floor(row: dict[str, Any], floor: dict[str, Any]) -> str:
+    over = "" if row.get("cpu_per_iteration") is None else f"{row['cpu_per_iteration'] - floor['total']:+.1f}"
+    return f" {row['seconds_per_iteration'] / floor['floor']:.2f}x | {over} |"

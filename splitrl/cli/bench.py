@@ -10,7 +10,9 @@ from pathlib import Path
 import click
 
 from ..errors import SettingsError
+from ..settings import RunOptions, TrainSettings
 from .errors import fail, run_cli
+from .options import training_options
 
 __all__ = ["bench"]
 
@@ -207,8 +209,14 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
                                   out_dir=out_dir, echo=lambda line: click.echo(line, err=True))
 
     rows = run_cli(go)
-    click.echo(pipeline_table(rows))
-    _write_json(json_path, rows)
+    floor = None
+    if not table_only:  # the parts alone, in the same run as the rows they are the floor of
+        from ..bench.floor_bench import floor_table, measure_floor
+
+        floor = run_cli(lambda: measure_floor(TrainSettings()))
+        click.echo(floor_table(floor) + "\n")
+    click.echo(pipeline_table(rows, floor))
+    _write_json(json_path, [dict(row, floor=floor) for row in rows] if floor else rows)
 
 
 @bench.command("vector")
@@ -452,3 +460,24 @@ def bench_lab(ctx: click.Context, rates: str, quick: bool, measure_mib: float | 
         sys.exit(130)
     click.echo(lab_bench_table(rows))
     _write_json(json_path, rows)
+
+
+@bench.command("floor")
+@click.option("--cores", type=int, default=0, show_default=True, help="cores the floor spreads the parts over "
+              "(0: this machine's)")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the figures as JSON")
+@training_options(link=False)
+def bench_floor(settings: TrainSettings, options: RunOptions, cores: int, json_path: str | None) -> None:
+    """One iteration's parts, each alone on one thread (the run's env pipeline and network, no link, codec or
+    schedule): the envs' steps, the acting forwards, the training's forward, backward and steps on each side;
+    and the floor they imply: their sum over the cores, and the larger side on an edge and a server of their
+    own. Takes the training options (the paper's by default)."""
+    from ..bench.floor_bench import floor_table, measure_floor
+
+    def go() -> dict:
+        settings.validate(options)
+        return measure_floor(settings, cores or None)
+
+    floor = run_cli(go)
+    click.echo(floor_table(floor))
+    _write_json(json_path, floor)

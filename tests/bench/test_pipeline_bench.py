@@ -44,3 +44,11 @@ def test_unknown_modes_are_refused_before_anything_runs(tmp_path):
     assert "sync" in MODES and "+ async" in MODES
     with pytest.raises(ValueError, match="unknown mode"):
         run_pipeline_bench(["sync", "turbo"], [0.0], out_dir=str(tmp_path))
+
+
+def test_with_a_floor_each_row_says_how_far_it_is_from_it(tmp_path):
+    fast = _summary("+ async", 0.0, _run(tmp_path / "async", [80.0, 50.0, 30.0], 1.0, 0.8, envs=0.4))
+    floor = {"floor": 40.0, "total": 80.0}
+    line = pipeline_table([fast], floor).splitlines()[2]
+    assert line.endswith(" 1.25x | +30.0 |")  # 50 s over 40 s; 110 CPU s an iteration, 80 in the parts
+    assert pipeline_table([fast]).splitlines()[0].count("|") + 2 == pipeline_table([fast], floor).splitlines()[0].count("|")

@@ -1,0 +1,146 @@
+"""`splitrl bench floor`: what one iteration's work costs with nothing around it.
+
+The parts of one PPO iteration of a run's settings, each timed alone in this process on one thread, in CPU
+seconds (`time.process_time`), with the run's own environment pipeline (`splitrl.envs.make_vector_env`, the
+wrappers the edge steps) and its own network (`splitrl.models.agent`, both halves), and no link, codec, storage
+or schedule around them:
+
+- ``envs``: the iteration's env steps (``num_steps`` steps of ``num_envs`` envs), actions drawn at random in
+  the policy's range and mapped onto the env's as the edge maps them;
+- ``encoder acting`` / ``heads acting``: each step's forward of the encoder on that step's observations
+  (batch ``num_envs``) and of the heads on its features, with the action drawn, without a graph;
+- ``encoder training`` / ``heads training``: every minibatch of every epoch through the encoder and the heads,
+  forward, PPO's loss, backward and an Adam step on each side, the gradient handed across the cut as the split
+  hands it (the encoder's part is its forward, its backward from that gradient and its step).
+
+The floor of an iteration is then the parts' sum over the cores that run them (every core busy all the time,
+no part waiting for another: no schedule does better), and, for an edge and a server on machines of their own,
+the larger of the two sides' sums. Benches print their rows' seconds against it (`splitrl bench pipeline`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from ..envs import inspect_env, make_vector_env, to_chw
+from ..models import agent
+from ..ppo import minibatch_schedule, ppo_loss
+from ..settings import TrainSettings
+
+__all__ = ["PARTS", "EDGE_PARTS", "measure_floor", "floor_table"]
+
+PARTS = ("envs", "encoder acting", "heads acting", "encoder training", "heads training")
+EDGE_PARTS = ("envs", "encoder acting", "encoder training")
+"""The parts an edge runs (stage0); the others run on the server (stage1)."""
+
+
+class _Clock:
+    """CPU seconds by part."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(PARTS, 0.0)
+
+    @contextmanager
+    def __call__(self, part: str) -> Iterator[None]:
+        start = time.process_time()
+        try:
+            yield
+        finally:
+            self.seconds[part] += time.process_time() - start
+
+
+def measure_floor(settings: TrainSettings, cores: int | None = None) -> dict[str, Any]:
+    """One iteration's parts for ``settings`` (`PARTS`, CPU seconds each), and the floors they imply on ``cores``
+    cores (default: this machine's) and on an edge and a server of one core each."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        seconds = _measure(settings)
+    finally:
+        torch.set_num_threads(threads)
+    cores = cores or os.cpu_count() or 1
+    edge = sum(seconds[p] for p in EDGE_PARTS)
+    total = sum(seconds.values())
+    return {"parts": seconds, "total": total, "edge": edge, "server": total - edge, "cores": cores,
+            "floor": total / cores, "two_machines": max(edge, total - edge),
+            "steps": settings.steps_per_iteration}
+
+
+def _measure(settings: TrainSettings) -> dict[str, float]:
+    ppo, n, clock = settings.ppo, settings.env.num_envs, _Clock()
+    spec = inspect_env(settings.env)
+    encoder, heads = agent(settings, spec)
+    optimizers = [torch.optim.Adam(p, lr=lr, eps=1e-5) for p, lr in ((list(encoder.parameters()), ppo.lr_encoder),
+                                                                     (list(heads.parameters()), ppo.lr_heads)) if p]
+    generator = torch.Generator().manual_seed(settings.seed)
+    rng = np.random.default_rng(settings.seed)
+    envs, _ = make_vector_env(settings.env, vector="sync", reward_clip=ppo.reward_clip,
+                              reward_gamma=ppo.gamma if ppo.norm_reward else None)
+    stacked = settings.env.frame_stack > 1
+    observations, actions = [], []
+    try:
+        with clock("envs"):
+            obs, _ = envs.reset(seed=settings.seed)
+        for _ in range(ppo.num_steps):
+            x = torch.from_numpy(to_chw(obs, stacked))
+            observations.append(x)
+            with torch.no_grad():
+                with clock("encoder acting"):
+                    features = encoder(x)
+                with clock("heads acting"):
+                    action = heads.evaluate(*heads.outputs(features), generator=generator)[0]
+            actions.append(action)
+            with clock("envs"):
+                drawn = (rng.integers(0, spec.action_dim, n) if spec.discrete
+                         else rng.uniform(-1.0, 1.0, (n, spec.action_dim)).astype(np.float32))
+                obs, *_ = envs.step(spec.env_action(drawn, settings.env.action_map))
+    finally:
+        envs.close()
+    flat_obs, flat_actions = torch.cat(observations), torch.cat(actions)
+    batch = len(flat_obs)
+    advantages, returns = torch.randn(batch, generator=generator), torch.randn(batch, generator=generator)
+    old_logprobs, old_values = torch.zeros(batch), torch.zeros(batch)
+    for epoch in minibatch_schedule(settings.seed, 1, ppo.epochs, batch, ppo.minibatches):
+        for idx in epoch:
+            with clock("encoder training"):
+                out = encoder(flat_obs[idx])
+            with clock("heads training"):
+                cut = out.detach().requires_grad_(out.requires_grad)
+                _, logprob, entropy, value = heads.evaluate(*heads.outputs(cut), flat_actions[idx])
+                loss, _ = ppo_loss(logprob, old_logprobs[idx], advantages[idx], value.reshape(-1), old_values[idx],
+                                   returns[idx], entropy, clip_coef=ppo.clip_coef, vf_coef=ppo.vf_coef,
+                                   ent_coef=ppo.ent_coef, clip_vloss=ppo.clip_vloss, norm_adv=ppo.norm_adv)
+                loss.backward()
+                optimizers[-1].step()
+                optimizers[-1].zero_grad(set_to_none=True)
+            if out.requires_grad:
+                with clock("encoder training"):
+                    out.backward(cut.grad)
+                    optimizers[0].step()
+                    optimizers[0].zero_grad(set_to_none=True)
+    return clock.seconds
+
+
+def floor_table(floor: dict[str, Any], rows: Sequence[tuple[str, float]] = ()) -> str:
+    """Markdown: each part's CPU seconds and side, the floors; then each of ``rows`` ((name, seconds an
+    iteration)) against the floor on this machine's cores."""
+    lines = ["| part | side | CPU s / iteration |", "|---|---|---:|"]
+    for part in PARTS:
+        side = "edge" if part in EDGE_PARTS else "server"
+        lines.append(f"| {part} | {side} | {floor['parts'][part]:.2f} |")
+    lines += [
+        f"| all parts | | {floor['total']:.2f} |",
+        f"| floor on {floor['cores']} core{'s' if floor['cores'] > 1 else ''} (all parts / cores) | | "
+        f"{floor['floor']:.2f} s |",
+        f"| floor on an edge and a server of one core each (the larger side) | | {floor['two_machines']:.2f} s |",
+    ]
+    if rows:
+        lines += ["", "| run | s / iteration | x floor |", "|---|---:|---:|"]
+        lines += [f"| {name} | {seconds:.1f} | {seconds / floor['floor']:.2f}x |" for name, seconds in rows]
+    return "\n".join(lines)

@@ -1,0 +1,42 @@
+"""`splitrl bench floor`: an iteration's parts, each alone, with the run's own env pipeline and network."""
+
+import pytest
+
+from splitrl.bench.floor_bench import EDGE_PARTS, PARTS, floor_table, measure_floor
+from splitrl.settings import TrainSettings
+
+from ..conftest import splitrl_here
+
+
+def test_every_part_is_timed_and_the_floors_follow_from_them():
+    floor = measure_floor(_tiny(), cores=2)
+    assert set(floor["parts"]) == set(PARTS) and all(s > 0 for s in floor["parts"].values())
+    assert floor["total"] == pytest.approx(sum(floor["parts"].values()))
+    assert floor["edge"] == pytest.approx(sum(floor["parts"][p] for p in EDGE_PARTS))
+    assert floor["floor"] == pytest.approx(floor["total"] / 2)
+    assert floor["two_machines"] == pytest.approx(max(floor["edge"], floor["total"] - floor["edge"]))
+    assert floor["steps"] == 32
+    table = floor_table(floor, [("sync", floor["floor"] * 3)]).splitlines()
+    assert table[2].startswith("| envs | edge | ") and "| heads training | server |" in table[6]
+    assert table[-1] == f"| sync | {floor['floor'] * 3:.1f} | 3.00x |"
+
+
+def test_the_cut_before_the_first_layer_leaves_the_encoder_nothing_to_train():
+    floor = measure_floor(_tiny(cut="input"), cores=1)
+    assert floor["parts"]["encoder acting"] < floor["parts"]["heads acting"]
+    assert floor["parts"]["encoder training"] < 0.2 * floor["parts"]["heads training"]
+
+
+def test_the_command_takes_the_training_options_and_checks_them():
+    out = splitrl_here("bench", "floor", "--num-steps", "32", "--epochs", "1", "--minibatches", "2",
+                       "--max-episode-steps", "20", "--cores", "2").output
+    assert "| floor on 2 cores (all parts / cores) |" in out
+    bad = splitrl_here("bench", "floor", "--num-steps", "0", code=None)
+    assert bad.exit_code != 0 and "num_steps" in bad.output.replace("-", "_")
+
+
+def _tiny(**top):
+    from splitrl.settings import EnvSettings, PPOSettings
+
+    return TrainSettings(env=EnvSettings(max_episode_steps=20), ppo=PPOSettings(num_steps=32, epochs=1, minibatches=2),
+                         **top)
