@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..envs import EnvSpec, make_single_env, to_chw
+from ..envs import EnvSpec, batch, make_single_env
 from ..models import ActorCriticHeads, agent
 from ..runs import checkpoint_iterations, load_checkpoint, run_config
 from ..settings import SettingsError, TrainSettings
@@ -70,7 +70,7 @@ def evaluate(settings: TrainSettings, encoder: nn.Module, heads: ActorCriticHead
     if video_dir:
         env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True,
                                        name_prefix=f"eval-seed{seed}", disable_logger=True)
-    stacked = settings.env.frame_stack > 1
+    stacked = settings.env.image_pipeline[1] > 1
     generator = torch.Generator().manual_seed(seed)
     returns, lengths = [], []
     was_training = encoder.training, heads.training
@@ -82,7 +82,7 @@ def evaluate(settings: TrainSettings, encoder: nn.Module, heads: ActorCriticHead
             total, steps, done = 0.0, 0, False
             while not done:
                 with torch.no_grad():
-                    x = encoder(torch.as_tensor(to_chw(np.asarray(obs)[None], stacked)))
+                    x = encoder(torch.as_tensor(spec.rows(batch([obs]), stacked)))
                     mean, value = heads.outputs(x)
                     u = heads.greedy_action(mean) if deterministic else heads.evaluate(mean, value,
                                                                                        generator=generator)[0]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import torch
@@ -11,7 +10,7 @@ import torch
 from splitrl.launch import free_port_pair
 from splitrl.runs import load_checkpoint
 
-from ..conftest import TINY, child_env, splitrl_cmd
+from ..conftest import TINY, splitrl_here
 
 __all__ = ["split_matches_twin"]
 
@@ -22,8 +21,9 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 def split_matches_twin(tmp_path: Path, spawn, *options: str) -> list[dict]:
-    """Train TINY with ``options`` as stage0 + stage1 over ZeroMQ and as `splitrl train`; assert both stages'
-    last checkpoints and the metrics are equal; return the split run's metrics."""
+    """Train TINY with ``options`` as stage0 + stage1 over ZeroMQ (``spawn``: the conftest's `spawn` or
+    `spawn_warm`) and as `splitrl train` in this process (the process boundary is the split run's); assert both
+    stages' last checkpoints and the metrics are equal; return the split run's metrics."""
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
     args = TINY + ["--timeout", "60", "--start-timeout", "60", *options]
     split_dir, twin_dir = tmp_path / "split", tmp_path / "twin"
@@ -33,9 +33,7 @@ def split_matches_twin(tmp_path: Path, spawn, *options: str) -> list[dict]:
     code1, out1 = s1.finish(timeout=30)
     assert code0 == 0, out0
     assert code1 == 0, out1
-    done = subprocess.run(splitrl_cmd("train", "--run-dir", str(twin_dir), *args), env=child_env(),
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr
+    splitrl_here("train", "--run-dir", str(twin_dir), *args)
     for stage, key in (("stage0", "net"), ("stage1", "heads")):
         split_state, twin_state = load_checkpoint(split_dir, stage, 2)[key], load_checkpoint(twin_dir, stage, 2)[key]
         assert split_state.keys() == twin_state.keys()
