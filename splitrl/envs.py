@@ -1,4 +1,5 @@
-"""Environments for stage0: gymnasium's own wrappers, checked before any socket opens."""
+"""Environments for stage0: gymnasium's own wrappers, checked before any socket opens; the kinds of observations
+(images, state vectors, a Dict of an image and vectors) and the rows stage0 stores and sends them as."""
 
 from __future__ import annotations
 

@@ -35,8 +35,8 @@ VECTOR_MODES = ("auto", "sync", "async")
 class EnvSettings:
     """The environment and its observation pipeline (gymnasium's own wrappers)."""
 
-    env_id: str = doc("CarRacing-v3", "gymnasium environment id (image observations, Box actions)",
-                        nonempty=True)
+    env_id: str = doc("CarRacing-v3", "gymnasium environment id (image, state-vector, or Dict of an image and vectors "
+                                      "observations; Box or Discrete actions)", nonempty=True)
     num_envs: int = doc(1, "environments stepped in lock step by stage0 (gymnasium SyncVectorEnv)", min=1)
     grayscale: bool | None = doc(None, "convert RGB observations to grayscale (unset: on for image observations; "
                                        "images only)")
