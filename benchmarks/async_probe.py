@@ -246,7 +246,7 @@ class Probe:
     def _obs(self, g: int, k: int) -> torch.Tensor:
         """Group ``g``'s observation before its env step ``k`` (counted over the run), channels first."""
         obs = self.reset_obs[g] if k == 0 else self.env_steps[g][k - 1].obs
-        return torch.as_tensor(to_chw(obs, self.settings.env.frame_stack > 1))
+        return torch.as_tensor(to_chw(obs, self.settings.env.image_pipeline[1] > 1))
 
     def _rollout_obs(self, iteration: int) -> torch.Tensor:
         """The env's observations of the rollout of ``iteration``, (T, N, C, H, W)."""
@@ -591,7 +591,7 @@ class Probe:
                           f"{float(got[name][t, env]):.7g} on the stored observation and action")
             self._fail("c", what, i, f"(t={t}, env={env})", detail)
         # The bootstrap values: the last observation's, and each truncated episode's real last one's.
-        stacked = self.settings.env.frame_stack > 1
+        stacked = self.settings.env.image_pipeline[1] > 1
         for g, rows in enumerate(self.groups):
             v = self.s1_ends[(i, g)]
             value = self._value(v, self._obs(g, i * T))
