@@ -16,8 +16,8 @@ from typing import Any
 from ..errors import SettingsError
 from .options import doc, field_errors, to_argv
 from .rules import rule_errors
-from .specs import (AUTO_MODEL, AUTO_MODELS, MODEL_NAMES, EncoderSync, Exchange, check_model, codec_spec, parse_env_kwargs, parse_link_budget,
-                    parse_model_kwargs)
+from .specs import (AUTO_MODEL, AUTO_MODELS, MODEL_NAMES, EncoderSync, Exchange, check_model, codec_spec,
+                    parse_env_kwargs, parse_link_budget, parse_model_kwargs)
 
 __all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "ScheduleSettings", "TrainSettings", "RunOptions",
            "TRANSPORTS", "CUTS", "ACTION_MAPS", "VECTOR_MODES", "SCHEDULES", "PUBLISH", "BOTTLENECK_TRAINING"]
@@ -63,7 +63,8 @@ class EnvSettings:
     @property
     def image_pipeline(self) -> tuple[bool, int]:
         """(grayscale, frames stacked) of image observations: as set, or the defaults (on, 4) where unset."""
-        return (True if self.grayscale is None else self.grayscale), (4 if self.frame_stack is None else self.frame_stack)
+        grayscale = True if self.grayscale is None else self.grayscale
+        return grayscale, 4 if self.frame_stack is None else self.frame_stack
 
     def image_options(self) -> list[str]:
         """The image-only options set to change the observations (an error for observations that are no image;

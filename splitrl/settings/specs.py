@@ -18,7 +18,8 @@ from ..units import parse_rate
 from .options import bound_error
 
 __all__ = ["CODEC_NAMES", "CODEC_STREAMS", "EXCHANGES", "ENCODER_SYNCS", "SYNC_MODES", "OUTPUT_CODECS",
-           "FLEET_CODECS", "MODEL_NAMES", "AUTO_MODEL", "AUTO_MODELS", "EncoderSync", "Exchange", "parse_kwargs", "parse_env_kwargs",
+           "FLEET_CODECS", "MODEL_NAMES", "AUTO_MODEL", "AUTO_MODELS",
+           "EncoderSync", "Exchange", "parse_kwargs", "parse_env_kwargs",
            "parse_model_kwargs", "check_model", "codec_spec", "parse_link_budget",
            "parsed_codec", "codec_base"]
 

@@ -80,7 +80,8 @@ class Edge:
         self.fleet = EdgeEncoder(self.net, self.optimizer, lambda: agent(settings, spec)[0])
         """This edge's part of a fleet's one encoder (``--encoder-sync``, joining)."""
         n, t = settings.env.num_envs, settings.ppo.num_steps
-        self.buffers = [torch.zeros((t, n) + spec.row_shape, dtype=getattr(torch, spec.row_dtype)) for _ in range(slots)]
+        rows = (t, n) + spec.row_shape
+        self.buffers = [torch.zeros(rows, dtype=getattr(torch, spec.row_dtype)) for _ in range(slots)]
         self.obs = self.buffers[0]
         """The observations of the rollout being collected (one slot of `buffers`), as `EnvSpec.rows`."""
         self.flat_obs = self.obs.view((-1,) + spec.row_shape)
@@ -258,7 +259,8 @@ class Edge:
             index = torch.as_tensor(bootstrap, dtype=torch.int64)  # within the group
             # Packed before the next step's features: stateful codecs see each env's frames in order.
             ctx = Context(envs=self.offset + self.groups[g][index], global_step=self.global_step)
-            self.codecs.pack("rollout", "final_features", self.encode(self.spec.rows(final, self.stacked)), ctx, out, header)
+            features = self.encode(self.spec.rows(final, self.stacked))
+            self.codecs.pack("rollout", "final_features", features, ctx, out, header)
             out["final_index"] = index
         return out, header
 
