@@ -1,4 +1,5 @@
-"""Environments for stage0: gymnasium's own wrappers, checked before any socket opens."""
+"""Environments for stage0: gymnasium's own wrappers, checked before any socket opens; the kinds of observations
+(images, state vectors, a Dict of an image and vectors) and the rows stage0 stores and sends them as."""
 
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ from gymnasium.vector import AutoresetMode
 from .settings import VECTOR_MODES, EnvSettings, SettingsError
 
 __all__ = ["EnvSpec", "Replayable", "StepInTwo", "VECTOR_MODES", "choose_vector", "make_single_env", "make_vector_env", "to_env_action",
-           "inspect_env", "to_chw", "vector_env_state", "restore_vector_env"]
+           "inspect_env", "to_chw", "vector_env_state", "restore_vector_env", "IMAGE", "VECTOR", "DICT",
+           "observation_kind", "batch"]
+
+IMAGE, VECTOR, DICT = "image", "vector", "dict"
+"""The kinds of observations splitrl takes (`observation_kind`): stacked frames, a state vector, or a Dict of an
+image and vectors (a camera and proprioception)."""
 
 
 @dataclass(frozen=True)
@@ -24,7 +30,7 @@ class EnvSpec:
     """What the models need to know about an environment, channels first."""
 
     obs_shape: tuple[int, ...]
-    """(C, H, W) after `to_chw`."""
+    """Images: (C, H, W) after `to_chw`; vectors: (D,); a Dict: its image's (C, H, W)."""
     action_dim: int
     """The actor's outputs: a Box's dimensions, or a Discrete space's number of actions."""
     action_low: tuple[float, ...]
@@ -34,6 +40,39 @@ class EnvSpec:
     discrete: bool = False
     """Whether the action space is Discrete (a categorical policy). Defaults to False because run configs under
     docs/results have no such key and are Box runs."""
+    observation: str = IMAGE
+    """`IMAGE`, `VECTOR` or `DICT` (`observation_kind`); run configs written before vectors had no such key."""
+    vector_dim: int = 0
+    """A Dict's vectors' length, joined."""
+    keys: tuple[str, ...] = ()
+    """A Dict's keys: its image's, then its vectors' in the order they are joined (the Dict's own)."""
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """One observation as stage0 stores it and sends it at the cut before the first layer (`rows`): an image
+        (C, H, W), a vector (D,), a Dict one row of C * H * W + 4 * D bytes."""
+        if self.observation == DICT:
+            return (int(np.prod(self.obs_shape)) + 4 * self.vector_dim,)
+        return self.obs_shape
+
+    @property
+    def row_dtype(self) -> str:
+        """The dtype of `rows`, as numpy and torch name it: float32 for vectors, uint8 for the others."""
+        return "float32" if self.observation == VECTOR else "uint8"
+
+    def rows(self, obs: Any, stacked: bool) -> np.ndarray:
+        """A batch of the envs' observations (B, ...) as rows of `row_shape`: images channels first (`to_chw`;
+        ``stacked``: a frame stack's), vectors as float32, and a Dict's image bytes followed by its vectors'
+        float32 values, joined, as bytes in the machine's order (the wire's, which is little-endian on every
+        machine splitrl runs on): `splitrl.models.layers.unpack_rows` reads them back."""
+        if self.observation == IMAGE:
+            return to_chw(obs, stacked)
+        if self.observation == VECTOR:
+            return np.asarray(obs, dtype=np.float32)
+        image = to_chw(np.asarray(obs[self.keys[0]]), stacked=False)
+        b = len(image)
+        vector = np.concatenate([np.asarray(obs[k], dtype=np.float32).reshape(b, -1) for k in self.keys[1:]], axis=1)
+        return np.concatenate([image.reshape(b, -1), np.ascontiguousarray(vector).view(np.uint8)], axis=1)
 
     @classmethod
     def from_config(cls, data: dict[str, Any]) -> "EnvSpec":
@@ -95,22 +134,62 @@ class Replayable(gym.Wrapper):
         return obs
 
 
+def _is_image(space: Any) -> bool:
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) >= 2
+
+
+def _is_vector(space: Any) -> bool:
+    return isinstance(space, gym.spaces.Box) and len(space.shape) == 1
+
+
+def observation_kind(space: Any) -> str | None:
+    """`IMAGE` (a uint8 Box of 2 or more dims), `VECTOR` (a 1-d Box), `DICT` (a Dict of one image of 2 or 3 dims,
+    (H, W) or (H, W, C), and one or more 1-d Boxes), or None: none that splitrl takes."""
+    if _is_image(space):
+        return IMAGE
+    if _is_vector(space):
+        return VECTOR
+    if isinstance(space, gym.spaces.Dict):
+        parts = list(space.spaces.values())
+        images = [s for s in parts if _is_image(s) and len(s.shape) <= 3]
+        if len(images) == 1 and all(s in images or _is_vector(s) for s in parts) and len(parts) > 1:
+            return DICT
+    return None
+
+
 def make_single_env(settings: EnvSettings, render_mode: str | None = None) -> gym.Env:
     """One environment with the configured observation pipeline (``render_mode``: gymnasium's, e.g.
-    ``"rgb_array"`` for recording what a person would see)."""
+    ``"rgb_array"`` for recording what a person would see). The image options apply to image observations;
+    set for others, they are a SettingsError."""
     kwargs: dict[str, Any] = {"max_episode_steps": settings.max_episode_steps} if settings.max_episode_steps else {}
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
     env = gym.make(settings.env_id, **settings.kwargs(), **kwargs)
+    kind = observation_kind(env.observation_space)
+    if kind != IMAGE:
+        asked = settings.image_options()
+        if kind is not None and asked:
+            env.close()
+            raise SettingsError(f"--env-id {settings.env_id!r} gives {kind} observations ({env.observation_space}): "
+                                f"{', '.join(asked)} {'applies' if len(asked) == 1 else 'apply'} to images only")
+        return Replayable(env)
+    grayscale, frame_stack = settings.image_pipeline
     if settings.frame_skip > 1:
         env = gym.wrappers.MaxAndSkipObservation(env, skip=settings.frame_skip)
-    if settings.grayscale:
+    if grayscale:
         env = gym.wrappers.GrayscaleObservation(env, keep_dim=False)
     if settings.resize:
         env = gym.wrappers.ResizeObservation(env, (settings.resize, settings.resize))
-    if settings.frame_stack > 1:
-        env = gym.wrappers.FrameStackObservation(env, settings.frame_stack)
+    if frame_stack > 1:
+        env = gym.wrappers.FrameStackObservation(env, frame_stack)
     return Replayable(env)
+
+
+def batch(observations: list[Any]) -> Any:
+    """Single observations (arrays, or a Dict's dicts of arrays) as one batch, as a vector env gives them."""
+    if observations and isinstance(observations[0], dict):
+        return {key: np.stack([obs[key] for obs in observations]) for key in observations[0]}
+    return np.stack(observations)
 
 
 class StepInTwo(gym.vector.VectorWrapper):
@@ -257,7 +336,7 @@ def restore_vector_env(envs: gym.vector.VectorEnv, state: dict[str, Any]) -> np.
     if len(state["envs"]) != envs.num_envs:
         raise ValueError(f"the saved state has {len(state['envs'])} envs, these are {envs.num_envs}")
     envs.unwrapped.set_attr("pending", list(state["envs"]))  # each env (in its worker, if any) takes its own
-    obs = np.stack(envs.unwrapped.call("restore"))
+    obs = batch(list(envs.unwrapped.call("restore")))
     layer: Any = envs
     while isinstance(layer, gym.vector.VectorWrapper):
         saved = state["wrappers"].get(type(layer).__name__, {})
@@ -315,6 +394,8 @@ def inspect_env(settings: EnvSettings) -> EnvSpec:
     """Build one environment to check it is usable; raise SettingsError saying why not."""
     try:
         env = make_single_env(settings)
+    except SettingsError:
+        raise
     except gym.error.Error as exc:
         raise SettingsError(f"--env-id {settings.env_id!r}: {exc}") from None
     except Exception as exc:  # wrappers reject unsuitable spaces with assorted errors
@@ -332,21 +413,35 @@ def inspect_env(settings: EnvSettings) -> EnvSpec:
                             f"got {act_space}")
     if not discrete and not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
         raise SettingsError(f"--env-id {settings.env_id!r}: the action space must be bounded, got {act_space}")
-    if not isinstance(obs_space, gym.spaces.Box) or obs_space.dtype != np.uint8 or len(obs_space.shape) < 2:
+    kind = observation_kind(obs_space)
+    if kind is None:
         raise SettingsError(
-            f"--env-id {settings.env_id!r}: expected image observations (a uint8 Box of 2 or more dims), "
-            f"got {obs_space}"
-        )
-    sample = np.zeros((1,) + obs_space.shape, dtype=np.uint8)
-    chw = to_chw(sample, stacked=settings.frame_stack > 1).shape[1:]
-    obs_shape = tuple(int(d) for d in chw)
+            f"--env-id {settings.env_id!r}: expected image observations (a uint8 Box of 2 or more dims), a state "
+            f"vector (a 1-d Box) or a Dict of one image and vectors, got {obs_space}")
+    observation: dict[str, Any] = {"observation": kind}
+    if kind == IMAGE:
+        sample = np.zeros((1,) + obs_space.shape, dtype=np.uint8)
+        shape = to_chw(sample, stacked=settings.image_pipeline[1] > 1).shape[1:]
+    elif kind == VECTOR:
+        shape = obs_space.shape
+    else:
+        image = next(k for k, s in obs_space.spaces.items() if _is_image(s))
+        vectors = [k for k in obs_space.spaces if k != image]
+        shape = to_chw(np.zeros((1,) + obs_space[image].shape, dtype=np.uint8), stacked=False).shape[1:]
+        observation.update(keys=(image, *vectors), vector_dim=sum(int(obs_space[k].shape[0]) for k in vectors))
+    obs_shape = tuple(int(d) for d in shape)
     if discrete:
         start, n = int(act_space.start), int(act_space.n)
         return EnvSpec(obs_shape=obs_shape, action_dim=n, action_low=(float(start),),
-                       action_high=(float(start + n - 1),), discrete=True)
+                       action_high=(float(start + n - 1),), discrete=True, **observation)
     return EnvSpec(
         obs_shape=obs_shape,
         action_dim=int(act_space.shape[0]),
         action_low=tuple(float(x) for x in act_space.low),
         action_high=tuple(float(x) for x in act_space.high),
+        **observation,
     )
+
+
+if "splitrl/PickByCue-v0" not in gym.registry:  # the Dict env of `splitrl.pick_by_cue`, imported when made
+    gym.register("splitrl/PickByCue-v0", entry_point="splitrl.pick_by_cue:PickByCue")

@@ -155,7 +155,9 @@ class Timings:
 
         encoder, heads = agent(self.settings, self.spec)
         gen = torch.Generator().manual_seed(0)
-        x = torch.randint(0, 255, (batch, *self.spec.obs_shape), dtype=torch.uint8, generator=gen)
+        shape = (batch, *self.spec.row_shape)
+        x = (torch.randn(shape, generator=gen) if self.spec.row_dtype == "float32"
+             else torch.randint(0, 255, shape, dtype=torch.uint8, generator=gen))
         with torch.no_grad():
             feats = encoder(x)
         if what == "act":

@@ -29,7 +29,7 @@ def _step(value: float, direction: float, kind: type) -> float:
 
 def _edges(f: dataclasses.Field) -> list[tuple[float, float]]:
     """(just outside, just inside) for each bound the field declares."""
-    kind, meta = type(f.default), f.metadata
+    kind, meta = int if f.default is None else type(f.default), f.metadata  # None: an int option left unset
     out = []
     if "min" in meta:
         out.append((_step(meta["min"], -1, kind), kind(meta["min"])))
@@ -118,7 +118,7 @@ FLEET = ScheduleSettings(edges=2)
 AE = {"bottleneck_train": "autoencoder", "bottleneck": 8, "codecs": CodecSettings(exchange="replica")}
 EXAMPLES: list[tuple[str, TrainSettings, RunOptions]] = [
     # (a piece of the message, settings, options): each triggers the rule whose message has that piece
-    ("rollout carries uint8 pixels", TrainSettings(cut="input", codecs=CodecSettings(codec_rollout="relu")),
+    ("rollout carries the observations", TrainSettings(cut="input", codecs=CodecSettings(codec_rollout="relu")),
      RunOptions()),
     ("frames needs --cut input", TrainSettings(codecs=CodecSettings(codec_rollout="frames")), RunOptions()),
     ("--codec-fwd 'bf16': with --cut input", TrainSettings(cut="input", codecs=CodecSettings(codec_fwd="bf16")),
@@ -249,5 +249,5 @@ def test_the_model_its_kwargs_the_cut_and_the_heads_width_are_shared_and_checked
     assert (shared["model"], shared["model_kwargs"], shared["hidden"], shared["cut"]) == ("impala", "width=8", 256, "fc")
     assert TrainSettings(model="my_pkg.nets:encoder", cut="3").errors() == []
     errors = TrainSettings(model="resnet", model_kwargs="width", hidden=0).errors()
-    assert errors == ["--model 'resnet': unknown model (built-ins: nature, impala, mlp; or a factory of your own as "
-                      "module:factory)", "--model-kwargs 'width': 'width' is not key=value", "--hidden must be >= 1, got 0"]
+    assert errors == ["--model 'resnet': unknown model (built-ins: nature, impala, mlp; auto; or a factory of your "
+                      "own as module:factory)", "--model-kwargs 'width': 'width' is not key=value", "--hidden must be >= 1, got 0"]

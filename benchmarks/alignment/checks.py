@@ -109,7 +109,7 @@ def check_behaviour(rec: Record, tally: Tally, i: int, learner: Any, slot: int) 
                       f"{float(got[name][t, env]):.7g} on the stored observation and action")
         raise broken("c", what, i, f"(t={t}, env={env})", detail)
     # The bootstrap values: the last observation's, and each truncated episode's real last one's.
-    stacked = rec.run.settings.env.frame_stack > 1
+    stacked = rec.run.settings.env.image_pipeline[1] > 1
     for g, rows in enumerate(rec.env.groups):
         v = rec.s1_ends[(i, g)]
         value = frozen.value(v, rec.env.obs(g, i * T))

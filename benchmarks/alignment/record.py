@@ -72,7 +72,7 @@ class EnvRecord:
     def obs(self, g: int, k: int) -> torch.Tensor:
         """Group ``g``'s observation before its env step ``k`` (counted over the run), channels first."""
         obs = self.reset_obs[g] if k == 0 else self.steps[g][k - 1].obs
-        return torch.as_tensor(to_chw(obs, self.run.settings.env.frame_stack > 1))
+        return torch.as_tensor(to_chw(obs, self.run.settings.env.image_pipeline[1] > 1))
 
     def rollout_obs(self, iteration: int) -> torch.Tensor:
         """The env's observations of the rollout of ``iteration``, (T, N, C, H, W)."""

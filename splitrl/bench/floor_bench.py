@@ -28,7 +28,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from ..envs import inspect_env, make_vector_env, to_chw
+from ..envs import inspect_env, make_vector_env
 from ..models import agent
 from ..ppo import minibatch_schedule, ppo_loss
 from ..settings import TrainSettings
@@ -73,8 +73,9 @@ def measure_floor(settings: TrainSettings, cores: int | None = None) -> dict[str
 
 
 def _measure(settings: TrainSettings) -> dict[str, float]:
-    ppo, n, clock = settings.ppo, settings.env.num_envs, _Clock()
     spec = inspect_env(settings.env)
+    settings = settings.for_observation(spec.observation)  # the model and image pipeline the run would resolve
+    ppo, n, clock = settings.ppo, settings.env.num_envs, _Clock()
     encoder, heads = agent(settings, spec)
     optimizers = [torch.optim.Adam(p, lr=lr, eps=1e-5) for p, lr in ((list(encoder.parameters()), ppo.lr_encoder),
                                                                      (list(heads.parameters()), ppo.lr_heads)) if p]
@@ -82,13 +83,13 @@ def _measure(settings: TrainSettings) -> dict[str, float]:
     rng = np.random.default_rng(settings.seed)
     envs, _ = make_vector_env(settings.env, vector="sync", reward_clip=ppo.reward_clip,
                               reward_gamma=ppo.gamma if ppo.norm_reward else None)
-    stacked = settings.env.frame_stack > 1
+    stacked = settings.env.image_pipeline[1] > 1
     observations, actions = [], []
     try:
         with clock("envs"):
             obs, _ = envs.reset(seed=settings.seed)
         for _ in range(ppo.num_steps):
-            x = torch.from_numpy(to_chw(obs, stacked))
+            x = torch.as_tensor(spec.rows(obs, stacked))
             observations.append(x)
             with torch.no_grad():
                 with clock("encoder acting"):

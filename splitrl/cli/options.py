@@ -37,11 +37,13 @@ def _click_options(cls: type, link: bool = True) -> list[Callable]:
         if "help" not in f.metadata or (f.metadata.get("link") and not link):
             continue  # nested sections get their own options
         name = option_name(f)
-        if f.type in (bool, "bool"):
+        # "T | None": an option that may stay unset (its default depends on the env: `EnvSettings.for_observation`)
+        base = f.type.removesuffix(" | None") if isinstance(f.type, str) else f.type.__name__
+        if base == "bool":
             decl = f"{name}/--no-{name[2:]}"
             out.append(click.option(decl, f.name, default=f.default, show_default=True, help=_help(f)))
         else:
-            kind: Any = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
+            kind: Any = {"int": int, "float": float, "str": str}.get(base, str)
             if "choices" in f.metadata:
                 kind = click.Choice(f.metadata["choices"])
             out.append(click.option(name, f.name, type=kind, default=f.default, show_default=True, help=_help(f)))

@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from ..errors import SettingsError
-from ..settings.specs import parse_kwargs
+from ..settings.specs import codec_base, parse_kwargs
 from .heads import ActorCriticHeads
 from .layers import layer_init
-from .network import make_network
+from .network import make_network, with_vector
 
 if TYPE_CHECKING:
     from ..envs import EnvSpec
@@ -31,14 +31,29 @@ if TYPE_CHECKING:
 __all__ = ["build_agent", "agent", "spaces", "network_digest"]
 
 
-def spaces(obs_shape: tuple[int, ...], action_dim: int, discrete: bool = False) -> tuple[gym.Space, gym.Space]:
-    """What a factory is given: uint8 image observations of ``obs_shape`` (the env pipeline's, channels first),
-    and the actions as the policy gives them: ``action_dim`` indices, or a Box in [-1, 1] (stage0 maps it onto the
-    env's bounds)."""
-    observation = gym.spaces.Box(0, 255, tuple(obs_shape), np.uint8)
+def spaces(obs_shape: tuple[int, ...], action_dim: int, discrete: bool = False, *, observation: str = "image",
+           vector_dim: int = 0) -> tuple[gym.Space, gym.Space]:
+    """What a factory is given (`splitrl.envs.EnvSpec`): image observations as uint8 of ``obs_shape`` (the env
+    pipeline's, channels first), vectors as float32 of ``obs_shape``, a Dict as ``image`` (uint8 of
+    ``obs_shape``) and ``vector`` (float32, ``vector_dim`` long); and the actions as the policy gives them:
+    ``action_dim`` indices, or a Box in [-1, 1] (stage0 maps it onto the env's bounds)."""
+    image = gym.spaces.Box(0, 255, tuple(obs_shape), np.uint8)
+    if observation == "vector":
+        space: gym.Space = gym.spaces.Box(-np.inf, np.inf, tuple(obs_shape), np.float32)
+    elif observation == "dict":
+        space = gym.spaces.Dict({"image": image, "vector": gym.spaces.Box(-np.inf, np.inf, (vector_dim,), np.float32)})
+    else:
+        space = image
     action = (gym.spaces.Discrete(action_dim) if discrete
               else gym.spaces.Box(-1.0, 1.0, (action_dim,), np.float32))
-    return observation, action
+    return space, action
+
+
+def _rows(obs_shape: tuple[int, ...], observation: str, vector_dim: int) -> gym.Space:
+    """What the first layer is given: the observation, or a Dict's as one row (`splitrl.envs.EnvSpec.rows`)."""
+    if observation == "dict":
+        return gym.spaces.Box(0, 255, (int(np.prod(obs_shape)) + 4 * vector_dim,), np.uint8)
+    return spaces(obs_shape, 2, observation=observation)[0]
 
 
 def _dims(shape: tuple[int, ...]) -> str:
@@ -48,7 +63,7 @@ def _dims(shape: tuple[int, ...]) -> str:
 def build_agent(
     obs_shape: tuple[int, ...], action_dim: int, cut: str, seed: int, init_log_std: float = 0.0,
     discrete: bool = False, bottleneck: int = 0, autoencoder: bool = False, *, model: str = "nature",
-    model_kwargs: dict[str, Any] | None = None, hidden: int = 512,
+    model_kwargs: dict[str, Any] | None = None, hidden: int = 512, observation: str = "image", vector_dim: int = 0,
 ) -> tuple[nn.Sequential, ActorCriticHeads]:
     """(stage0 module, stage1 heads) of ``model`` cut at ``cut`` (`splitrl.models.network`), from ``seed``.
 
@@ -63,15 +78,23 @@ def build_agent(
     the features (`splitrl.stages.autoencoder`). The decoder (K to the feature width, started
     as the projection's transpose: an orthogonal projection's best linear inverse) is then the
     heads' trunk, so the heads see the features as reconstructed.
+    ``observation``: 'image', 'vector' or 'dict' (then ``vector_dim`` long, joined to the image's features:
+    `splitrl.models.network.with_vector`).
     A cut after the first layer must leave stage0 parameters and send a flat (B, F) activation; SettingsError
     otherwise. The global RNG is left as it was, so building one stage in a process that also
     runs the other changes nothing.
     """
-    observation_space, action_space = spaces(obs_shape, action_dim, discrete)
+    observation_space, action_space = spaces(obs_shape, action_dim, discrete, observation=observation,
+                                             vector_dim=vector_dim)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         network = make_network(model, dict(model_kwargs or {}), observation_space, action_space)
-        shapes = network.shapes(observation_space)
+        if observation == "dict":
+            network = with_vector(network, tuple(obs_shape), vector_dim)
+        elif network.join:
+            raise SettingsError(f"model {model!r} joins a vector after layer {network.join!r}, but the observations "
+                                f"are {observation}s: only a Dict observation has a vector to join")
+        shapes = network.shapes(_rows(tuple(obs_shape), observation, vector_dim))
         if len(shapes[-1]) != 1:
             raise SettingsError(f"model {model!r} ends with a {_dims(shapes[-1])} activation {shapes[-1]}; the heads "
                                 "take flat (B, F) features: end it with a flatten")
@@ -92,6 +115,10 @@ def build_agent(
                 feature_dim = bottleneck
         layers = network.modules
         at = network.cut_index(cut)
+        if observation == "dict" and 0 < at < network.join_index():
+            raise SettingsError(f"cut {str(cut).strip()!r} of model {model!r} lies before the Dict observation's "
+                                f"vector joins the image's features (after layer {network.join!r}); cut at 'input', "
+                                "at the join or after it")
         if at:
             if len(shapes[at]) != 1:
                 raise SettingsError(f"cut {str(cut).strip()!r} of model {model!r} crosses a {_dims(shapes[at])} "
@@ -109,13 +136,18 @@ def build_agent(
 
 
 def agent(settings: "TrainSettings", spec: "EnvSpec") -> tuple[nn.Sequential, ActorCriticHeads]:
-    """`build_agent` for a run's settings and its environment; SettingsError where the settings' model, cut
-    and exchange do not fit together."""
+    """`build_agent` for a run's settings and its environment (``--model auto``: the built-in for its kind of
+    observations, `TrainSettings.for_observation`); SettingsError where the settings' model, cut, codecs and
+    exchange do not fit together or the env."""
+    settings = settings.for_observation(spec.observation)
+    if codec_base(settings.codecs.codec_rollout) == "frames" and spec.observation != "image":
+        raise SettingsError(f"--codec-rollout frames sends stacked frames; --env-id {settings.env.env_id!r} gives "
+                            f"{spec.observation} observations")
     encoder, heads = build_agent(
         spec.obs_shape, spec.action_dim, settings.cut, settings.seed, settings.ppo.init_log_std,
         discrete=spec.discrete, bottleneck=settings.bottleneck, autoencoder=settings.bottleneck_train == "autoencoder",
         model=settings.model, model_kwargs=parse_kwargs(settings.model_kwargs, "--model-kwargs"),
-        hidden=settings.hidden)
+        hidden=settings.hidden, observation=spec.observation, vector_dim=spec.vector_dim)
     decoder = 1 if settings.bottleneck_train == "autoencoder" else 0
     if len(encoder) and len(heads.trunk) > decoder and settings.codecs.exchange.partition(":")[0] == "replica":
         raise SettingsError(f"--exchange replica needs the cut at the end of the encoder of model {settings.model!r} "

@@ -5,7 +5,8 @@
   a 3x3 conv, a 3x3 stride-2 max-pool and residual blocks, then a linear layer.
 - `mlp`: tanh layers for state vectors (CleanRL's continuous-control PPO).
 
-A user's factory has the same signature (`splitrl.models.network`); the heads come after the last layer.
+A user's factory has the same signature (`splitrl.models.network`); the heads come after the last layer. Given a
+Dict observation, `nature` and `impala` take its image (the vector is joined to their features after them).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ Layers = list[tuple[str, nn.Module]]
 
 
 def _image_shape(model: str, observation_space: Any) -> tuple[int, int, int]:
+    """The (C, H, W) of the images ``observation_space`` gives: itself, or a Dict observation's ``image``."""
+    if isinstance(observation_space, gym.spaces.Dict) and "image" in observation_space.spaces:
+        return _image_shape(model, observation_space["image"])
     shape = getattr(observation_space, "shape", None)
     if not isinstance(observation_space, gym.spaces.Box) or shape is None or len(shape) != 3:
         raise SettingsError(f"model {model!r} needs (C, H, W) image observations, got {observation_space}")
@@ -87,8 +91,7 @@ def mlp(observation_space: Any, action_space: Any, width: int = 64, depth: int =
     """``depth`` layers of ``width`` units with tanh, orthogonally initialised, for 1-d Box observations."""
     shape = getattr(observation_space, "shape", None)
     if not isinstance(observation_space, gym.spaces.Box) or shape is None or len(shape) != 1:
-        raise SettingsError(f"model 'mlp' needs a 1-d Box observation (a state vector), got {observation_space}; "
-                            "splitrl's environments give image observations only so far")
+        raise SettingsError(f"model 'mlp' needs a 1-d Box observation (a state vector), got {observation_space}")
     for name, value in (("width", width), ("depth", depth)):
         if type(value) is not int or value < 1:
             raise SettingsError(f"model 'mlp': {name} must be a whole number >= 1, got {value!r}")

@@ -10,6 +10,12 @@ are the factory's keyword arguments.
 A cut (``--cut``) is 'input' (before the first layer: the observation crosses), a layer's name (after it), a
 number k (after the first k layers; 0 is 'input'), or 'cnn': the model's default cut (after the last layer
 unless the factory says otherwise).
+
+Given a Dict observation of an image and a vector, the factory is given the Dict space (``image``: (C, H, W)
+uint8, ``vector``: (D,) float32) and its layers take the image; `with_vector` makes each layer up to the join
+an `ImageStep` that carries the vector beside the image's activation, and the join concatenates it to the flat
+output of its layer: the factory's `Network.join`, by default its last layer. A cut lies before the first layer
+or at the join or after it.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from torch import nn
 
 from ..errors import SettingsError
 from .builtin import impala, mlp, nature
+from .layers import ImageStep
 
-__all__ = ["Network", "Factory", "BUILTINS", "INPUT", "DEFAULT", "resolve_model", "make_network"]
+__all__ = ["Network", "Factory", "BUILTINS", "INPUT", "DEFAULT", "resolve_model", "make_network", "with_vector"]
 
 Factory = Callable[..., Any]
 """``factory(observation_space, action_space, **kwargs) -> list[(name, nn.Module)] | Network``."""
@@ -42,13 +49,15 @@ DEFAULT = "cnn"
 
 @dataclass(frozen=True)
 class Network:
-    """A model's encoder as named layers in order, and where its default cut lies (after ``default_cut``;
-    empty: after the last layer)."""
+    """A model's encoder as named layers in order, where its default cut lies (after ``default_cut``; empty:
+    after the last layer), and, given a Dict observation, after which layer its vector is joined to the image's
+    features (``join``; empty: the last)."""
 
     layers: tuple[tuple[str, nn.Module], ...]
     default_cut: str = ""
     model: str = "?"
     """The model's name as ``--model`` gave it, for messages."""
+    join: str = ""
 
     @property
     def names(self) -> list[str]:
@@ -77,9 +86,13 @@ class Network:
         raise SettingsError(f"cut {text!r} is not a layer of model {self.model!r} (its layers: {listed}; or "
                             f"'{INPUT}' (0), or '{DEFAULT}', its default: {self.default_index()})")
 
+    def join_index(self) -> int:
+        """The layers up to and including the join (`join`)."""
+        return self.names.index(self.join) + 1 if self.join else len(self.layers)
+
     def appended(self, name: str, module: nn.Module) -> "Network":
         """This network with one more layer at its end (the default cut moves with the end if it lay there)."""
-        return _checked(self.model, Network(self.layers + ((name, module),), self.default_cut, self.model))
+        return _checked(self.model, Network(self.layers + ((name, module),), self.default_cut, self.model, self.join))
 
     def shapes(self, observation_space: Any) -> list[tuple[int, ...]]:
         """The shape of one sample at every boundary: the observation's, then each layer's output. Found by a
@@ -94,8 +107,12 @@ class Network:
                     x = module(x)
                 except Exception as exc:  # noqa: BLE001 - any failure of a user's layer is reported the same way
                     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                    raise SettingsError(f"model {self.model!r}: layer {name!r} fails on a {tuple(x.shape[1:])} "
-                                        f"input: {first}") from None
+                    given = tuple((x[0] if isinstance(x, tuple) else x).shape[1:])
+                    raise SettingsError(f"model {self.model!r}: layer {name!r} fails on a {given} input: {first}") \
+                        from None
+                if isinstance(module, ImageStep) and isinstance(x, tuple):
+                    out.append(tuple(x[0].shape[1:]))  # the image's activation; the vector goes beside it
+                    continue
                 if not isinstance(x, torch.Tensor):
                     raise SettingsError(f"model {self.model!r}: layer {name!r} returns a {type(x).__name__}, "
                                         "not a tensor")
@@ -126,9 +143,9 @@ def resolve_model(spec: str) -> Factory:
 
 def _checked(model: str, result: Any) -> Network:
     """``result`` of ``model``'s factory as a `Network`, or SettingsError naming what is unusable."""
-    default = ""
+    default = join = ""
     if isinstance(result, Network):
-        default, result = result.default_cut, list(result.layers)
+        default, join, result = result.default_cut, result.join, list(result.layers)
     if not isinstance(result, (list, tuple)) or not result:
         what = "an empty list" if isinstance(result, (list, tuple)) else f"a {type(result).__name__}"
         raise SettingsError(f"model {model!r}: its factory returned {what}, not a list of (name, nn.Module)")
@@ -148,7 +165,9 @@ def _checked(model: str, result: Any) -> Network:
         seen.add(name)
     if default and default not in seen:
         raise SettingsError(f"model {model!r}: its default cut {default!r} is not one of its layers")
-    return Network(tuple((name, module) for name, module in result), default, model)
+    if join and join not in seen:
+        raise SettingsError(f"model {model!r}: its join {join!r} is not one of its layers")
+    return Network(tuple((name, module) for name, module in result), default, model, join)
 
 
 def make_network(model: str, kwargs: dict[str, Any], observation_space: Any, action_space: Any) -> Network:
@@ -160,4 +179,21 @@ def make_network(model: str, kwargs: dict[str, Any], observation_space: Any, act
         raise SettingsError(f"--model-kwargs: model {model!r} does not take {sorted(kwargs)}: {exc}") from None
     except ValueError:  # no signature to read (a builtin callable): its call says what is wrong
         pass
-    return _checked(model, factory(observation_space, action_space, **kwargs))
+    try:
+        result = factory(observation_space, action_space, **kwargs)
+    except SettingsError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a user's factory that cannot take the spaces, whatever it raises
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SettingsError(f"model {model!r}: its factory fails on the observation space {observation_space}: "
+                            f"{type(exc).__name__}: {first}") from None
+    return _checked(model, result)
+
+
+def with_vector(network: Network, image_shape: tuple[int, ...], vector_dim: int) -> Network:
+    """``network``, given a Dict observation: its layers up to the join as `ImageStep`s (the first unpacks the
+    observation's rows, the join concatenates the vector to its flat output), the layers after it as they are."""
+    at = network.join_index()
+    layers = tuple((name, ImageStep(module, image_shape, vector_dim, first=i == 0, join=i == at - 1) if i < at
+                    else module) for i, (name, module) in enumerate(network.layers))
+    return Network(layers, network.default_cut, network.model, network.names[at - 1])

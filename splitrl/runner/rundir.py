@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,15 @@ from ..envs import EnvSpec, inspect_env
 from ..models import agent
 from ..runs import RunLog, check_fresh, default_run_dir, intact_checkpoints, read_metrics
 from ..settings import RunOptions, SettingsError, TrainSettings
+from ..settings.specs import AUTO_MODEL, AUTO_MODELS
 from ..stages import STAGE0, STAGE1
 from ..transport import ProtocolError
 from ..transport.errors import peer_repr
 from ..transport.handshake import HandshakeError
 
 __all__ = ["prepare", "resume_point", "recorded_checkpoints"]
+
+log = logging.getLogger(__name__)
 
 
 def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[EnvSpec, RunLog]:
@@ -34,6 +38,10 @@ def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[En
     A run directory that holds a run already is refused, unless ``--resume`` (its settings must be
     this run's, but for ``total_steps``) or ``--overwrite`` (its metrics, episodes and checkpoints go)."""
     spec = _checked(settings, options, role)
+    if settings.model == AUTO_MODEL:
+        log.info("[%s] model: %s (--model %s, for %s observations)", role, AUTO_MODELS[spec.observation],
+                 AUTO_MODEL, spec.observation)
+    settings = settings.for_observation(spec.observation)  # what runs, in the config and against a resumed run's
     if options.threads:
         torch.set_num_threads(options.threads)
     devices = {stage: resolve_device(options.device(stage)) for stage in _stages(role)}
@@ -99,7 +107,9 @@ def _check_resumable(run_dir: Path, config_name: str, settings: TrainSettings) -
     if not path.exists():
         raise SettingsError(f"--resume {run_dir}: no {config_name} there (is it this stage's run directory?)")
     # A run made before a setting existed ran with its default: it reads back as such.
-    saved = _flatten(TrainSettings.from_dict(json.loads(path.read_text())["settings"]).to_dict())
+    saved_settings = TrainSettings.from_dict(json.loads(path.read_text())["settings"])
+    kind = json.loads(path.read_text()).get("env_spec", {}).get("observation", "image")
+    saved = _flatten(saved_settings.for_observation(kind).to_dict())
     now = _flatten(settings.to_dict())
     differ = [f"{key}: the run has {saved.get(key)!r}, now {now.get(key)!r}" for key in sorted(set(saved) | set(now))
               if key != "total_steps" and saved.get(key) != now.get(key)]

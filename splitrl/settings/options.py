@@ -101,6 +101,8 @@ def to_argv(settings: Any) -> list[str]:
             args += to_argv(value)
             continue
         name = option_name(f)
+        if value is None:  # unset: the process that reads these options leaves it unset too
+            continue
         if isinstance(value, bool):
             args.append(name if value else f"--no-{name[2:]}")
         else:

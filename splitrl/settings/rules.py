@@ -104,8 +104,8 @@ def _autoencoder_every_default(s: Any) -> int:
 RULES: list[Rule] = [
     # -- the codecs and the cut ---------------------------------------------------------------------------
     Rule("codecs", lambda s, o: s.cut == "input" and _rollout_base(s) not in (None, "fp32", "bf16", "fp16", "frames"),
-         "--codec-rollout {s.codecs.codec_rollout!r}: with --cut input the rollout carries uint8 pixels; use fp32 "
-         "(as is), frames, or either +zstd"),
+         "--codec-rollout {s.codecs.codec_rollout!r}: with --cut input the rollout carries the observations; use "
+         "fp32 (as they are), bf16 or fp16 (a vector's values cast), frames (stacked images), or any of these +zstd"),
     Rule("codecs", lambda s, o: s.cut != "input" and _rollout_base(s) == "frames",
          "--codec-rollout frames needs --cut input (it sends pixels)"),
     *_training_stream_rules(),

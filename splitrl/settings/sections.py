@@ -18,8 +18,8 @@ from ..devices import check_device_name, device_error
 from ..errors import SettingsError
 from .options import doc, field_errors, to_argv
 from .rules import rule_errors
-from .specs import (MODEL_NAMES, EncoderSync, Exchange, check_model, codec_spec, parse_env_kwargs, parse_link_budget,
-                    parse_model_kwargs)
+from .specs import (AUTO_MODEL, AUTO_MODELS, MODEL_NAMES, EncoderSync, Exchange, check_model, codec_spec,
+                    parse_env_kwargs, parse_link_budget, parse_model_kwargs)
 
 __all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "ScheduleSettings", "TrainSettings", "RunOptions",
            "TRANSPORTS", "CUTS", "ACTION_MAPS", "VECTOR_MODES", "SCHEDULES", "PUBLISH", "BOTTLENECK_TRAINING"]
@@ -37,14 +37,16 @@ VECTOR_MODES = ("auto", "sync", "async")
 class EnvSettings:
     """The environment and its observation pipeline (gymnasium's own wrappers)."""
 
-    env_id: str = doc("CarRacing-v3", "gymnasium environment id (image observations, Box actions)",
-                        nonempty=True)
+    env_id: str = doc("CarRacing-v3", "gymnasium environment id (image, state-vector, or Dict of an image and vectors "
+                                      "observations; Box or Discrete actions)", nonempty=True)
     num_envs: int = doc(1, "environments stepped in lock step by stage0 (gymnasium SyncVectorEnv)", min=1)
-    grayscale: bool = doc(True, "convert RGB observations to grayscale")
-    frame_stack: int = doc(4, "consecutive frames stacked into one observation", min=1)
-    resize: int = doc(0, "resize frames to N x N pixels (0: keep the native size)", min=0)
-    frame_skip: int = doc(1, "repeat each action N times, max-pooling the last two frames (1: no skip)",
-                         min=1)
+    grayscale: bool | None = doc(None, "convert RGB observations to grayscale (unset: on for image observations; "
+                                       "images only)")
+    frame_stack: int | None = doc(None, "consecutive frames stacked into one observation (unset: 4 for image "
+                                        "observations; images only)", min=1)
+    resize: int = doc(0, "resize frames to N x N pixels (0: keep the native size; images only)", min=0)
+    frame_skip: int = doc(1, "repeat each action N times, max-pooling the last two frames (1: no skip; images "
+                             "only)", min=1)
     max_episode_steps: int = doc(0, "time limit per episode (0: the environment's own)", min=0)
     action_map: str = doc(
         "clip",
@@ -59,6 +61,25 @@ class EnvSettings:
     def kwargs(self) -> dict[str, Any]:
         """``env_kwargs`` as the dict gym.make takes; SettingsError naming a malformed item."""
         return parse_env_kwargs(self.env_kwargs)
+
+    @property
+    def image_pipeline(self) -> tuple[bool, int]:
+        """(grayscale, frames stacked) of image observations: as set, or the defaults (on, 4) where unset."""
+        grayscale = True if self.grayscale is None else self.grayscale
+        return grayscale, 4 if self.frame_stack is None else self.frame_stack
+
+    def image_options(self) -> list[str]:
+        """The image-only options set to change the observations (an error for observations that are no image;
+        unset, or set to do nothing, they are not applied)."""
+        asked = (("--grayscale", bool(self.grayscale)), ("--frame-stack", (self.frame_stack or 1) > 1),
+                 ("--resize", self.resize > 0), ("--frame-skip", self.frame_skip > 1))
+        return [name for name, on in asked if on]
+
+    def for_observation(self, kind: str) -> "EnvSettings":
+        """These settings with the image options' defaults filled in for observations of ``kind`` ('image',
+        'vector' or 'dict'): on and 4 for images, off and 1 for the others."""
+        grayscale, stack = self.image_pipeline if kind == "image" else (bool(self.grayscale), self.frame_stack or 1)
+        return dataclasses.replace(self, grayscale=grayscale, frame_stack=stack)
 
 
 @dataclass(frozen=True)
@@ -200,9 +221,10 @@ class TrainSettings:
 
     seed: int = doc(1, "seed of the environments, the initial weights, action sampling and minibatch order", min=0)
     total_steps: int = doc(409_600, "environment steps to train for (the paper: 100 iterations of 4096)")
-    model: str = doc("nature", f"the network: a built-in ({', '.join(MODEL_NAMES)}; nature is the paper's) or a "
-                               "factory of your own as module:factory (README: Bring your own network)",
-                     spec=check_model)
+    model: str = doc(AUTO_MODEL, f"the network: a built-in ({', '.join(MODEL_NAMES)}; nature is the paper's), a "
+                                 "factory of your own as module:factory (README: Bring your own network), or "
+                                 f"'{AUTO_MODEL}': {AUTO_MODELS['image']} for image and Dict observations, "
+                                 f"{AUTO_MODELS['vector']} for vectors", spec=check_model)
     model_kwargs: str = doc("", "keyword arguments of --model's factory, 'key=value,key=value' (as --env-kwargs), "
                                 "e.g. 'width=8,blocks=1' for impala", spec=parse_model_kwargs)
     cut: str = doc("cnn", "where the network is split: 'cnn' (the model's default: after the encoder), 'input' "
@@ -252,6 +274,14 @@ class TrainSettings:
     @property
     def num_iterations(self) -> int:
         return self.total_steps // self.steps_per_iteration
+
+    def for_observation(self, kind: str) -> "TrainSettings":
+        """These settings with the defaults that depend on the observations filled in for observations of ``kind``
+        ('image', 'vector' or 'dict'): the image options (`EnvSettings.for_observation`) and ``--model auto``
+        (`AUTO_MODELS`). A run's config holds them so: what ran, and the same for a run made before they
+        depended on the observations."""
+        model = AUTO_MODELS[kind] if self.model == AUTO_MODEL else self.model
+        return dataclasses.replace(self, model=model, env=self.env.for_observation(kind))
 
     def errors(self) -> list[str]:
         """Every problem of these settings: each field against its declaration, then the rules; the run's

@@ -18,7 +18,8 @@ from ..units import parse_rate
 from .options import bound_error
 
 __all__ = ["CODEC_NAMES", "CODEC_STREAMS", "EXCHANGES", "ENCODER_SYNCS", "SYNC_MODES", "OUTPUT_CODECS",
-           "FLEET_CODECS", "MODEL_NAMES", "EncoderSync", "Exchange", "parse_kwargs", "parse_env_kwargs",
+           "FLEET_CODECS", "MODEL_NAMES", "AUTO_MODEL", "AUTO_MODELS",
+           "EncoderSync", "Exchange", "parse_kwargs", "parse_env_kwargs",
            "parse_model_kwargs", "check_model", "codec_spec", "parse_link_budget",
            "parsed_codec", "codec_base"]
 
@@ -33,6 +34,11 @@ CODEC_STREAMS = {
 MODEL_NAMES = ("nature", "impala", "mlp")
 """The built-in models of `splitrl.models.BUILTINS`, named here so --help needs no torch import; a test keeps
 them in step."""
+AUTO_MODEL = "auto"
+"""``--model``'s default: the built-in for the kind of observations the env gives (`AUTO_MODELS`)."""
+AUTO_MODELS = {"image": "nature", "vector": "mlp", "dict": "nature"}
+"""What ``--model auto`` is for each kind of observation (a Dict's image goes through the model, its vector is
+joined to the features after it)."""
 EXCHANGES = ("features", "replica")
 ENCODER_SYNCS = ("grad", "avg")
 SYNC_MODES = ("fp32", "bf16", "int8")
@@ -74,10 +80,10 @@ _FACTORY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 def check_model(spec: str) -> str:
     """``--model``: a built-in's name (`MODEL_NAMES`) or ``module:factory``; SettingsError if it is neither. The
     factory's module is imported only when the network is built (`splitrl.models.network.resolve_model`)."""
-    if spec in MODEL_NAMES or _FACTORY.fullmatch(spec):
+    if spec in MODEL_NAMES or spec == AUTO_MODEL or _FACTORY.fullmatch(spec):
         return spec
-    raise SettingsError(f"--model {spec!r}: unknown model (built-ins: {', '.join(MODEL_NAMES)}; or a factory of "
-                        "your own as module:factory)")
+    raise SettingsError(f"--model {spec!r}: unknown model (built-ins: {', '.join(MODEL_NAMES)}; {AUTO_MODEL}; or a "
+                        "factory of your own as module:factory)")
 
 
 def _named_params(cls: type, spec: str, option: str, names: tuple[str, ...],

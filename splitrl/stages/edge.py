@@ -32,7 +32,7 @@ from torch import nn
 
 from ..codecs import CodecSet, Context
 from ..devices import to_device
-from ..envs import (EnvSpec, choose_vector, make_vector_env, restore_vector_env, to_chw, vector_env_state,
+from ..envs import (EnvSpec, batch, choose_vector, make_vector_env, restore_vector_env, vector_env_state,
                     worker_cpu_seconds)
 from ..models import agent
 from ..ppo import anneal, minibatch_schedule
@@ -85,11 +85,12 @@ class Edge:
         self.fleet = EdgeEncoder(self.net, self.optimizer, lambda: agent(settings, spec)[0])
         """This edge's part of a fleet's one encoder (``--encoder-sync``, joining)."""
         n, t = settings.env.num_envs, settings.ppo.num_steps
-        self.buffers = [torch.zeros((t, n) + spec.obs_shape, dtype=torch.uint8, device=self.device)
+        rows = (t, n) + spec.row_shape
+        self.buffers = [torch.zeros(rows, dtype=getattr(torch, spec.row_dtype), device=self.device)
                         for _ in range(slots)]
         self.obs = self.buffers[0]
-        """The observations of the rollout being collected (one slot of `buffers`)."""
-        self.flat_obs = self.obs.view((-1,) + spec.obs_shape)
+        """The observations of the rollout being collected (one slot of `buffers`), as `EnvSpec.rows`."""
+        self.flat_obs = self.obs.view((-1,) + spec.row_shape)
         """The observations of the rollout being trained on, one row per sample (t * num_envs + env)."""
         self.codecs = CodecSet(**settings.codecs.specs(), device=self.device)
         self.exchange = settings.codecs.parsed_exchange()
@@ -102,7 +103,7 @@ class Edge:
         self.announced: dict[int, dict[str, str]] = {}
         """``--link-budget``: each iteration's settings, sent with its first step, until its training takes them."""
         self.low, self.high = np.array(spec.action_low), np.array(spec.action_high)
-        self.stacked = settings.env.frame_stack > 1
+        self.stacked = settings.env.image_pipeline[1] > 1
         self.envs: list[Any] = []
         self.steppers: list[Any] = []
         self.next_obs: list[np.ndarray] = []
@@ -200,7 +201,7 @@ class Edge:
     def observe(self, t: int, g: int = 0) -> Payload:
         """Group ``g``'s step ``t`` message: its observation stored and encoded, after its last outcome."""
         envs = self.groups[g]
-        obs = to_device(torch.as_tensor(to_chw(self.next_obs[g], self.stacked)), self.device)
+        obs = to_device(torch.as_tensor(self.spec.rows(self.next_obs[g], self.stacked)), self.device)
         self.obs[t, envs[0]: envs[-1] + 1] = obs
         tensors, header = self.outcome[g]
         if t == 0 and self.iteration in self.announced:
@@ -246,7 +247,7 @@ class Edge:
         """Group ``g``'s ``rollout_end``: its last outcome and the features of the observation to bootstrap from."""
         tensors, header = self.outcome[g]
         ctx = Context(envs=self.offset + self.groups[g], global_step=self.global_step)
-        features = self.encode(to_chw(self.next_obs[g], self.stacked))
+        features = self.encode(self.spec.rows(self.next_obs[g], self.stacked))
         self.codecs.pack("rollout", "features", features, ctx, tensors, header)
         self.outcome[g] = ({}, {})
         return tensors, header
@@ -260,11 +261,12 @@ class Edge:
         header: dict[str, Any] = {}
         bootstrap = np.flatnonzero(np.asarray(truncated) & ~np.asarray(terminated))
         if len(bootstrap):
-            final = np.stack([info["final_obs"][i] for i in bootstrap])
+            final = batch([info["final_obs"][i] for i in bootstrap])
             index = torch.as_tensor(bootstrap, dtype=torch.int64)  # within the group
             # Packed before the next step's features: stateful codecs see each env's frames in order.
             ctx = Context(envs=self.offset + self.groups[g][index], global_step=self.global_step)
-            self.codecs.pack("rollout", "final_features", self.encode(to_chw(final, self.stacked)), ctx, out, header)
+            features = self.encode(self.spec.rows(final, self.stacked))
+            self.codecs.pack("rollout", "final_features", features, ctx, out, header)
             out["final_index"] = index
         return out, header
 
@@ -282,7 +284,7 @@ class Edge:
     def begin_training(self, iteration: int) -> list[list[torch.Tensor]]:
         """Train on ``iteration``'s rollout from now on; its minibatch indices per epoch (the same on both stages)."""
         self.train_iteration = iteration
-        self.flat_obs = self.buffers[iteration % len(self.buffers)].view((-1,) + self.spec.obs_shape)
+        self.flat_obs = self.buffers[iteration % len(self.buffers)].view((-1,) + self.spec.row_shape)
         self.codecs.new_iteration("fwd", "bwd")
         if iteration in self.announced:
             self.exchange = switch(self.codecs, self.announced.pop(iteration), TRAINING)

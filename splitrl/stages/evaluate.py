@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..devices import to_device, to_host
-from ..envs import EnvSpec, make_single_env, to_chw
+from ..envs import EnvSpec, batch, make_single_env
 from ..models import ActorCriticHeads, agent
 from ..runs import checkpoint_iterations, load_checkpoint, run_config
 from ..settings import SettingsError, TrainSettings
@@ -71,7 +71,7 @@ def evaluate(settings: TrainSettings, encoder: nn.Module, heads: ActorCriticHead
     if video_dir:
         env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True,
                                        name_prefix=f"eval-seed{seed}", disable_logger=True)
-    stacked = settings.env.frame_stack > 1
+    stacked = settings.env.image_pipeline[1] > 1
     device = next(heads.parameters()).device  # the encoder's too: both halves compute where the heads are
     generator = torch.Generator().manual_seed(seed)
     returns, lengths = [], []
@@ -84,7 +84,7 @@ def evaluate(settings: TrainSettings, encoder: nn.Module, heads: ActorCriticHead
             total, steps, done = 0.0, 0, False
             while not done:
                 with torch.no_grad():
-                    x = encoder(to_device(torch.as_tensor(to_chw(np.asarray(obs)[None], stacked)), device))
+                    x = encoder(to_device(torch.as_tensor(spec.rows(batch([obs]), stacked)), device))
                     mean, value = heads.outputs(x)
                     u = heads.greedy_action(mean) if deterministic else heads.evaluate(mean, value,
                                                                                        generator=generator)[0]

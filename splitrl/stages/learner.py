@@ -89,10 +89,10 @@ class Learner:
         (`average_encoders`)."""
         self.feature_dim = self.heads.input_dim
         """The width of the features at the cut."""
-        # Stored rollout inputs: pixels when stage1 trains alone; with an acting copy, the features,
-        # so that samples an older policy acted on can be scored by the one that trains.
-        keep = (t, n) + spec.obs_shape if self.trains_alone else (t, n, self.feature_dim) if acting_copy else None
-        keep_dtype = torch.uint8 if self.trains_alone else torch.float32
+        # Stored rollout inputs: the observations (`EnvSpec.rows`) when stage1 trains alone; with an acting copy,
+        # the features, so that samples an older policy acted on can be scored by the one that trains.
+        keep = (t, n) + spec.row_shape if self.trains_alone else (t, n, self.feature_dim) if acting_copy else None
+        keep_dtype = getattr(torch, spec.row_dtype) if self.trains_alone else torch.float32
         on = dict(device=self.device)
         self.inputs = [torch.zeros(keep, dtype=keep_dtype, **on) for _ in range(slots)] if keep else None
         self.versions = [torch.zeros((t, n), dtype=torch.int64, **on) for _ in range(slots)]
@@ -164,10 +164,11 @@ class Learner:
         return self.train_iteration * self.settings.steps_per_iteration
 
     def _input(self, msg: Message, ctx: Context, name: str = "features") -> torch.Tensor:
-        """Decode stage0's rollout features (pixels with the cut before the first layer) for ``ctx``'s rows."""
+        """Decode stage0's rollout features (the observations with the cut before the first layer) for ``ctx``'s
+        rows."""
         rows = len(ctx.idx if ctx.idx is not None else ctx.envs)
         if self.trains_alone:
-            shape, dtype = (rows,) + self.spec.obs_shape, torch.uint8
+            shape, dtype = (rows,) + self.spec.row_shape, getattr(torch, self.spec.row_dtype)
         else:
             shape, dtype = (rows, self.feature_dim), torch.float32
         return self.codecs.unpack("rollout", name, msg.tensors, msg.header, ctx, shape, dtype)
@@ -344,7 +345,7 @@ class Learner:
         """`rescore` every sample from its stored input, in ``chunks`` of indices (the cut before the first
         layer: stage1 holds the whole network, nothing crosses the link)."""
         assert self.decoupled.rescored is not None and self.trains_alone
-        flat = self.inputs[self._slot(self.decoupled.rescored.iteration)].reshape((-1,) + self.spec.obs_shape)
+        flat = self.inputs[self._slot(self.decoupled.rescored.iteration)].reshape((-1,) + self.spec.row_shape)
         for idx in chunks:
             self.rescore(idx, flat[idx])
 
@@ -361,7 +362,7 @@ class Learner:
     def train_alone(self, minibatches: list[torch.Tensor]) -> bool:
         """One epoch on the stored rollout inputs (the cut before the first layer: no traffic); whether to stop
         here (`stop_early`)."""
-        flat = self.inputs[self._slot(self.train_iteration)].reshape((-1,) + self.spec.obs_shape)
+        flat = self.inputs[self._slot(self.train_iteration)].reshape((-1,) + self.spec.row_shape)
         for idx in minibatches:
             self.loss(idx, *self.heads.outputs(flat[idx])).backward()
             self.optimizer_step()

@@ -29,6 +29,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "MAX_SESSION_ID",
     "session_of",
+    "TENSOR_ALIGNMENT",
     "DTYPES",
     "WireLimits",
     "Message",
@@ -64,6 +65,11 @@ _HEADER_KEYS = frozenset({"v", "k", "s", "h", "t"})
 _SESSION_KEY = "i"
 """Optional outer-header field: the session id, once the handshake has set one (`Transport.session`)."""
 MAX_SESSION_ID = 2**32 - 1
+TENSOR_ALIGNMENT = 64
+"""Bytes a received tensor's data is aligned to; a frame that is not (ZeroMQ decodes small messages into slices of
+one receive buffer) is copied. CPU kernels take other paths on data of other alignments (a matmul's sums in
+another order, its results other in the last bits), and a received tensor must give the numbers the same tensor
+gives in the sender's process (the split run and the twin's in-process link, bit for bit)."""
 _KIND_RE = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,63}\Z")
 _MAX_SEQ = 2**63 - 1
@@ -477,6 +483,6 @@ def _tensor_from_frame(frame: Any, dtype: torch.dtype, itemsize: int, shape: lis
         # torch.frombuffer wants writable memory; bytes from a socket are copied once here.
         view = memoryview(bytearray(view))
     tensor = torch.frombuffer(view, dtype=dtype)
-    if itemsize > 1 and tensor.data_ptr() % itemsize:
-        tensor = tensor.clone()  # unaligned frame: copy so every kernel sees aligned data
+    if itemsize > 1 and tensor.data_ptr() % TENSOR_ALIGNMENT:
+        tensor = tensor.clone()  # torch's own allocations are aligned so: every kernel takes the path it takes on them
     return tensor if len(shape) == 1 else tensor.view(shape)

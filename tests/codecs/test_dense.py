@@ -12,7 +12,7 @@ from .support import B, F, SEED, frame_stacks, gradients, nbytes, pair, send
 
 
 def test_uint8_pixels_pass_dense_casts_unchanged():
-    """With --cut input the rollout carries uint8 pixels: the casts leave them alone."""
+    """With --cut input the rollout carries uint8 pixels (images, or a Dict as one row): the casts leave them alone."""
     x = frame_stacks(3, 4, 8, 8, SEED)
     for spec in ("fp32", "bf16", "fp16", "bf16+zstd"):
         s, r = pair(spec, "rollout")

@@ -29,7 +29,8 @@ def run(*args, timeout=60):
 
 @pytest.mark.parametrize(
     "env_id, expected",
-    [("NoSuchEnv-v0", "doesn't exist"), ("CartPole-v1", "cannot be used with this observation pipeline")],
+    [("NoSuchEnv-v0", "doesn't exist"),
+     ("FrozenLake-v1", "or a Dict of one image and vectors, got Discrete")],
 )
 def test_unusable_env_is_refused_before_any_socket_opens(tmp_path, env_id, expected):
     with pytest.raises(ValueError, match=expected):
