@@ -82,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     probe = Probe(hold=args.hold, plant=args.plant)
     make_edge, make_learner = build.make_edge, build.make_learner
 
-    def watched_learner(settings: Any, spec: Any) -> Any:
+    def watched_learner(settings: Any, spec: Any, *a: Any, **kw: Any) -> Any:
         probe.take_settings(settings)
-        learner = make_learner(settings, spec)
+        learner = make_learner(settings, spec, *a, **kw)
         probe.watch_learner(learner)
         return learner
 

@@ -4,6 +4,7 @@ memory and a device, and a device that stays each stage's own (recorded in its c
 This machine may have no CUDA device: what needs one is checked with this machine's CUDA count replaced, or
 with a stand-in tensor that records what is done to it; scripts/device_check.sh runs the rest on a GPU."""
 
+import dataclasses
 import json
 import threading
 
@@ -142,8 +143,12 @@ def _tiny() -> TrainSettings:
 
 def test_two_stages_on_different_devices_connect_and_record_their_own(tmp_path):
     """The device is each stage's own choice: not in the handshake's hash, in each stage's config. ``auto`` on a
-    machine without CUDA is the CPU, so the two compute alike, but their options differ as a GPU server's would."""
+    machine without CUDA is the CPU, so the two compute alike, but their options differ as a GPU server's would.
+    The server names the model (``--model nature``) that the edge's ``--model auto`` resolves to: the handshake
+    compares the network that runs, so they agree."""
     settings = _tiny()
+    named = dataclasses.replace(settings, model="nature")
+    assert settings.model == "auto" and settings.shared() != named.shared()
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
     common = dict(threads=1, checkpoint_every=1, start_timeout=120, timeout=120)
     edge = RunOptions(run_dir=str(tmp_path / "edge"), stage0_device="cpu", **common)
@@ -152,7 +157,7 @@ def test_two_stages_on_different_devices_connect_and_record_their_own(tmp_path):
 
     def serve() -> None:
         try:
-            run_stage1(settings, server, endpoint)
+            run_stage1(named, server, endpoint)
         except BaseException as exc:  # reported below
             failure.append(exc)
 

@@ -49,10 +49,12 @@ CAPTURED_STEPS = 32
 
 def bench_settings(edges: int, num_steps: int, codec: str = "fp32", bottleneck: int = 0) -> TrainSettings:
     """The fleet both sides agree on: ``edges`` edges of one env, one iteration of ``num_steps`` steps
-    (never finished: the bench stops first), the rollout's features through ``codec``."""
+    (never finished: the bench stops first), the rollout's features through ``codec``. CarRacing's frames: the
+    settings as its stages resolve them, which the replaying edges say in their hellos."""
     return TrainSettings(total_steps=num_steps * edges, bottleneck=bottleneck, env=EnvSettings(num_envs=1),
                          ppo=PPOSettings(num_steps=num_steps, epochs=1, minibatches=1),
-                         codecs=CodecSettings(codec_rollout=codec), schedule=ScheduleSettings(edges=edges))
+                         codecs=CodecSettings(codec_rollout=codec),
+                         schedule=ScheduleSettings(edges=edges)).for_observation("image")
 
 
 def _settings_args(settings: TrainSettings) -> list[str]:

@@ -276,6 +276,7 @@ def fuzz_stage1(captured: dict[str, list[Frames]], cases: int, seed: int = 0, se
     from ..envs import inspect_env
 
     spec = inspect_env(settings.env)
+    settings = settings.for_observation(spec.observation)  # as a stage resolves them: the captured hello's
     sent = captured[STAGE0]
     mutate = random.Random(seed)
     counts = FuzzCounts(max_rss_mib_before=_max_rss_mib())

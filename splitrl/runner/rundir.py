@@ -32,8 +32,11 @@ __all__ = ["prepare", "resume_point", "recorded_checkpoints"]
 log = logging.getLogger(__name__)
 
 
-def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[EnvSpec, RunLog]:
-    """Check everything before any socket opens; set threads; write the config file.
+def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[TrainSettings, EnvSpec, RunLog]:
+    """Check everything before any socket opens; set threads; write the config file. Returns the settings as they
+    run (``--model auto`` and the image options resolved for the env's observations: what the config records and
+    the handshake compares, so that a stage given ``--model nature`` and one left at ``auto`` agree), the env's
+    spec and the run's log.
 
     A run directory that holds a run already is refused, unless ``--resume`` (its settings must be
     this run's, but for ``total_steps``) or ``--overwrite`` (its metrics, episodes and checkpoints go)."""
@@ -65,7 +68,7 @@ def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[En
         "devices": {stage: describe_device(device) for stage, device in devices.items()},
     }
     run_log.write_config(config, config_name)
-    return spec, run_log
+    return settings, spec, run_log
 
 
 def _stages(role: str) -> tuple[str, ...]:

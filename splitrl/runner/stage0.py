@@ -88,7 +88,7 @@ def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, sta
 def run_stage0(settings: TrainSettings, options: RunOptions, connect: str) -> list[dict[str, Any]]:
     """``splitrl stage0``: connect to stage1 at ``connect`` (a fleet's edge: to a place of its own) and train."""
     check_exposure(options, connect, bind=False)
-    spec, run_log = prepare(settings, options, STAGE0)
+    settings, spec, run_log = prepare(settings, options, STAGE0)
     edges = settings.schedule.edges
     try:
         if edges > 1:

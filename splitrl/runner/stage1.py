@@ -115,7 +115,7 @@ def run_stage1(settings: TrainSettings, options: RunOptions, bind: str) -> int:
     check_exposure(options, bind, bind=True)
     learners, options = join_learners(settings, options)
     try:
-        spec, run_log = prepare(settings, options, STAGE1)
+        settings, spec, run_log = prepare(settings, options, STAGE1)
         if settings.schedule.edges > 1 or not learners.alone:
             return _run_fleet_stage1(settings, options, bind, spec, run_log, learners)
     finally:

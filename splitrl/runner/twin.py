@@ -31,7 +31,7 @@ def train_twin(settings: TrainSettings, options: RunOptions) -> list[dict[str, A
         raise SettingsError("the twin runs one edge: a fleet (--edges > 1) trains as one edge with every edge's envs "
                             "in a rollout group each (--num-envs N x E --rollout-groups N), or split with "
                             "`splitrl run --edges N`")
-    spec, run_log = prepare(settings, options, "twin")
+    settings, spec, run_log = prepare(settings, options, "twin")
     learner = build.make_learner(settings, spec, options)
     edge = build.make_edge(settings, spec, run_log, options)
     link0, link1 = LocalTransport.pair(STAGE0, STAGE1, limits=LIMITS, timeout=options.timeout)

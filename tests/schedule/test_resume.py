@@ -177,14 +177,15 @@ def test_a_checkpoint_is_whole_or_absent_and_a_full_disk_names_the_path(tmp_path
 def test_a_checkpoint_without_its_metrics_record_is_not_resumed_from(tmp_path):
     """Stopped after stage0 saved iteration 3 but before it wrote iteration 3's record: resume from 2 and redo 3
     (seen once in CI under load: the resumed run's metrics had no iteration 3)."""
+    import hashlib
     import json
 
     from splitrl.runner.rundir import recorded_checkpoints
 
     (tmp_path / "checkpoints").mkdir()
-    for it in (2, 3):
-        for suffix in (".pt", ".pt.sha256"):
-            (tmp_path / "checkpoints" / f"stage0-iter{it:05d}{suffix}").write_text("x")
+    for it in (2, 3):  # intact: their checksums match
+        (tmp_path / "checkpoints" / f"stage0-iter{it:05d}.pt").write_text("x")
+        (tmp_path / "checkpoints" / f"stage0-iter{it:05d}.pt.sha256").write_text(hashlib.sha256(b"x").hexdigest())
     assert recorded_checkpoints(tmp_path) == []  # no metrics at all
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i}) + "\n" for i in (1, 2)))
     assert recorded_checkpoints(tmp_path) == [2]
