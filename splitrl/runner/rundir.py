@@ -40,13 +40,13 @@ def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[Tr
 
     A run directory that holds a run already is refused, unless ``--resume`` (its settings must be
     this run's, but for ``total_steps``) or ``--overwrite`` (its metrics, episodes and checkpoints go)."""
+    if options.threads > 0:  # first: the network built to check the settings inits on as many threads as the run's
+        torch.set_num_threads(options.threads)
     spec = _checked(settings, options, role)
     if settings.model == AUTO_MODEL:
         log.info("[%s] model: %s (--model %s, for %s observations)", role, AUTO_MODELS[spec.observation],
                  AUTO_MODEL, spec.observation)
     settings = settings.for_observation(spec.observation)  # what runs, in the config and against a resumed run's
-    if options.threads:
-        torch.set_num_threads(options.threads)
     devices = {stage: resolve_device(options.device(stage)) for stage in _stages(role)}
     for device in devices.values():
         use_device(device)
@@ -88,8 +88,6 @@ def _checked(settings: TrainSettings, options: RunOptions, role: str) -> EnvSpec
     # A stage process is told its device with --device (or --ROLE-device); the twin, with both --ROLE-device.
     problems += options.device_errors(*_stages(role), option=None if role == "twin" else "--device")
     spec = inspect_env(settings.env)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # built to be checked only: its orthogonal inits on every core cost seconds of CPU
     try:
         agent(settings, spec)
     except SettingsError as exc:
@@ -98,8 +96,6 @@ def _checked(settings: TrainSettings, options: RunOptions, role: str) -> EnvSpec
         if not problems:
             raise
         # an invalid setting above is why the network could not be built
-    finally:
-        torch.set_num_threads(threads)
     if problems:
         raise SettingsError("invalid settings:\n  - " + "\n  - ".join(problems))
     return spec
