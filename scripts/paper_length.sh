@@ -6,10 +6,10 @@
 #
 #   scripts/paper_length.sh [RUN ...]     # e.g. bf16-seed1; default: every run, in the order below
 #
-# Each run goes on from its newest checkpoint (--resume) and a finished one is skipped, so rerunning the script
-# continues where it stopped. A run stopped at a session's end is committed to docs/results/paper-length/RUN
-# with its newest pair of checkpoints (scripts/keep_run.sh); on a fresh clone the script copies it back to
-# $OUT and goes on from there. One run at a time: a pipelined run keeps both of this machine's cores busy.
+# Each run goes on from its newest checkpoint in $OUT (--resume) and a finished one is skipped, so rerunning the
+# script on the same machine continues where it stopped. Records are committed (scripts/keep_run.sh), never
+# checkpoints: the runs committed under docs/results/paper-length/ before that rule kept theirs in git history
+# only, so a fresh clone starts a run again unless $KEPT holds its checkpoints. One run at a time: a pipelined run keeps both of this machine's cores busy.
 # bf16's two runs start from the 25-iteration runs of docs/results/pipeline.md (runs/pipeline-learning-seedN/
 # bf16-pipelined, the same settings but --total-steps), copied, when those are on disk.
 set -euo pipefail

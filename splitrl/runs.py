@@ -13,6 +13,7 @@ through these readers (`link_bytes`, `iteration_bytes`, ...) and `summarise_run`
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import logging
@@ -266,8 +267,10 @@ def check_fresh(run_dir: str | Path) -> None:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """One record per non-empty line; a half-written last line (a run still writing it) is left out."""
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    """One record per non-empty line; a half-written last line (a run still writing it) is left out. A ``.gz``
+    file is read through gzip (a long run's records kept compressed)."""
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    lines = [line for line in text.splitlines() if line.strip()]
     records = []
     for number, line in enumerate(lines, start=1):
         try:
@@ -280,7 +283,11 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The run's metrics records, one per iteration: metrics.jsonl, or metrics.jsonl.gz where a finished run's
+    records were kept compressed (a committed record over 2 MB is)."""
     path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists() and path.with_name("metrics.jsonl.gz").exists():
+        path = path.with_name("metrics.jsonl.gz")
     if not path.exists():
         raise ValueError(f"{run_dir}: no metrics.jsonl (is it a splitrl run directory?)")
     return _read_jsonl(path)
