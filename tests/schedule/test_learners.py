@@ -18,7 +18,7 @@ from splitrl.settings import RunOptions, ScheduleSettings, TrainSettings
 from splitrl.stages.learners import Learners, edge_range
 
 from ..conftest import child_env
-from .test_fleet import LINK, ONE_ENV_EACH, _rows
+from .test_fleet import LINK, ONE_ENV_EACH, _fleet_run, _rows
 
 VOLATILE = ("time/", "cpu/", "net", "charts/SPS", "fleet/act_batch_mean")  # a learner's batch: its edges
 
@@ -41,8 +41,7 @@ def test_two_learners_of_an_edge_each_train_bit_for_bit_as_one_learner_of_both(t
     own step's generator), bit for bit: every sum across learners has two terms."""
     one, two = tmp_path / "one", tmp_path / "two"
     args = [*ONE_ENV_EACH, "--edges", "2", *LINK]
-    code, out = spawn("run", "--run-dir", str(one), "--act-wait", "60000", *args).finish(timeout=300)
-    assert code == 0, out
+    _fleet_run(spawn, one, "--act-wait", "60000", *args)  # one learner: the launcher is not the point here
     code, out = spawn("run", "--run-dir", str(two), "--learners", "2", "--min-edges", "2", *args).finish(timeout=300)
     assert code == 0, out
     assert "learner 0 of 2" in out and "learner 1 of 2" in out
@@ -63,8 +62,7 @@ def test_learners_that_average_the_encoders_resume_where_one_learner_goes_straig
     three = [a if a != "128" else "192" for a in ONE_ENV_EACH]
     args = ["--edges", "2", "--encoder-sync", "avg:every=1", *LINK]
     one, two = tmp_path / "one", tmp_path / "two"
-    code, out = spawn("run", "--run-dir", str(one), "--act-wait", "60000", *three, *args).finish(timeout=300)
-    assert code == 0, out
+    _fleet_run(spawn, one, "--act-wait", "60000", *three, *args)
     code, out = spawn("run", "--run-dir", str(two), "--learners", "2", *ONE_ENV_EACH, *args).finish(timeout=300)
     assert code == 0, out
     code, out = spawn("run", "--resume", str(two), "--learners", "2", *three, *args).finish(timeout=300)
