@@ -207,20 +207,3 @@ def _warm():
     warm = _Warm()
     yield warm
     warm.close()
-
-
-@pytest.fixture
-def spawn_warm(tmp_path, _warm):
-    """As `spawn`, the processes forked from a warm interpreter (`tests.warm`) that has imported torch and
-    splitrl already: for split runs, where two processes and the link between them are the point, not the
-    interpreter's start."""
-    procs: list[Proc] = []
-
-    def start(*args: str) -> Proc:
-        proc = WarmProc(args, tmp_path / f"proc{len(procs)}-{args[0]}.log", _warm)
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        proc.stop()

@@ -1,4 +1,5 @@
-"""A warm interpreter that starts `splitrl` processes by forking (the tests' `spawn_warm` fixture).
+"""A warm interpreter that starts `splitrl` processes by forking (the tests' `spawn` fixture, for the stages and
+the twin).
 
 ``python -m tests.warm`` imports what every stage process imports (torch, the optimiser's compiler stack,
 splitrl's runner, the environments), then reads requests on stdin, one JSON line each:

@@ -147,12 +147,12 @@ second of compute against ~1 MB of fp32 training features an iteration, however 
 a loaded machine's slow iteration was allowed enough bytes to stop the gradients a level higher."""
 
 
-def test_a_split_run_within_a_budget_chooses_leaner_codecs_and_says_so(tmp_path, spawn_warm):
+def test_a_split_run_within_a_budget_chooses_leaner_codecs_and_says_so(tmp_path, spawn):
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
     run = tmp_path / "split"
     args = [*BUDGET, "--timeout", "60", "--start-timeout", "60"]
-    s1 = spawn_warm("stage1", "--bind", endpoint, "--run-dir", str(run), *args)
-    s0 = spawn_warm("stage0", "--connect", endpoint, "--run-dir", str(run), *args)
+    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(run), *args)
+    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(run), *args)
     code0, out0 = s0.finish(timeout=300)
     code1, out1 = s1.finish(timeout=30)
     assert code0 == 0 and code1 == 0, out0 + out1

@@ -150,8 +150,8 @@ def _split_and_twin(tmp_path, spawn, args):
     ["--codec-rollout", "int8", "--exchange", "replica:last_every=1,all_every=3"],
     TWO_ENVS + ["--rollout-groups", "2", "--microbatches", "2"],
 ], ids=["cnn", "input", "replica", "pipelined"])
-def test_a_discrete_pixel_env_trains_split_and_twin_bit_identically(tmp_path, spawn_warm, extra):
-    split_dir = _split_and_twin(tmp_path, spawn_warm, DOTS + extra)
+def test_a_discrete_pixel_env_trains_split_and_twin_bit_identically(tmp_path, spawn, extra):
+    split_dir = _split_and_twin(tmp_path, spawn, DOTS + extra)
     config = json.loads((split_dir / "config-stage0.json").read_text())
     assert config["env_spec"]["discrete"] and config["env_spec"]["action_dim"] == 3
     _, initial = build_agent((4, 48, 48), 3, "input" if "input" in extra else "cnn", 1, discrete=True)
@@ -171,8 +171,8 @@ ATARI = [*TINY, "--env-id", "ale_py:ALE/Pong-v5", "--env-kwargs", "frameskip=1",
          "--frame-stack", "4", "--frame-skip", "4"]
 
 
-def test_an_atari_game_trains_split_and_twin_bit_identically(tmp_path, spawn_warm):
+def test_an_atari_game_trains_split_and_twin_bit_identically(tmp_path, spawn):
     pytest.importorskip("ale_py", reason="the atari extra (ale-py) is not installed")
-    split_dir = _split_and_twin(tmp_path, spawn_warm, ATARI)
+    split_dir = _split_and_twin(tmp_path, spawn, ATARI)
     spec = json.loads((split_dir / "config-stage0.json").read_text())["env_spec"]
     assert spec["discrete"] and spec["action_dim"] == 6 and spec["obs_shape"] == [4, 84, 84]

@@ -76,12 +76,12 @@ def test_evaluation_during_training_changes_neither_training_nor_its_bytes(train
         pytest.approx(scored[-1]["eval/return_mean"])
 
 
-def test_tensorboard_holds_the_keys_while_the_run_is_going(spawn_warm, tmp_path):
+def test_tensorboard_holds_the_keys_while_the_run_is_going(spawn, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run = tmp_path / "run"
     long = [a if a != "64" else "320" for a in TINY]  # ten iterations
-    proc = spawn_warm("train", "--run-dir", str(run), *long, "--tensorboard")
+    proc = spawn("train", "--run-dir", str(run), *long, "--tensorboard")
     deadline = time.monotonic() + 240
     while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip():
         assert time.monotonic() < deadline and proc.popen.poll() is None, proc.output()

@@ -55,8 +55,8 @@ def test_with_the_cut_at_the_input_the_observations_cross_as_they_are_and_are_co
 
 
 @pytest.mark.parametrize("extra", [[], ["--cut", "input"]], ids=["cut-after-mlp", "cut-input"])
-def test_a_vector_env_trains_split_and_twin_bit_identically(tmp_path, spawn_warm, extra):
-    metrics = split_matches_twin(tmp_path, spawn_warm, *CARTPOLE, "--total-steps", "256", "--num-steps", "64",
+def test_a_vector_env_trains_split_and_twin_bit_identically(tmp_path, spawn, extra):
+    metrics = split_matches_twin(tmp_path, spawn, *CARTPOLE, "--total-steps", "256", "--num-steps", "64",
                                  "--num-envs", "2", *extra)
     config = json.loads((tmp_path / "split" / "config-stage0.json").read_text())
     assert config["env_spec"]["observation"] == "vector" and config["env_spec"]["obs_shape"] == [4]
@@ -65,8 +65,8 @@ def test_a_vector_env_trains_split_and_twin_bit_identically(tmp_path, spawn_warm
 
 
 @pytest.mark.parametrize("extra", [[], ["--cut", "input"]], ids=["cut-at-join", "cut-input"])
-def test_a_dict_env_trains_split_and_twin_bit_identically(tmp_path, spawn_warm, extra):
-    metrics = split_matches_twin(tmp_path, spawn_warm, *PICK, *extra)
+def test_a_dict_env_trains_split_and_twin_bit_identically(tmp_path, spawn, extra):
+    metrics = split_matches_twin(tmp_path, spawn, *PICK, *extra)
     config = json.loads((tmp_path / "split" / "config-stage0.json").read_text())
     assert config["env_spec"]["observation"] == "dict" and config["env_spec"]["keys"] == ["image", "cue"]
     assert ("net/train_fwd/sent_bytes" in metrics[-1]) == (not extra)

@@ -113,12 +113,12 @@ def twin_of(tmp_path_factory):
          "cnn-zmq-replica", "cnn-zmq-replica-sync", "cnn-zmq-bottleneck", "cnn-zmq-bottleneck-replica",
          "cnn-zmq-autoencoder"],
 )
-def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn_warm, twin_of, cut, transport, codecs):
+def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, twin_of, cut, transport, codecs):
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
     args = TINY + ["--cut", cut, "--timeout", "60", "--start-timeout", "60", *codecs]
     split_dir = tmp_path / "split"
-    s1 = spawn_warm("stage1", "--bind", endpoint, "--run-dir", str(split_dir), "--transport", transport, *args)
-    s0 = spawn_warm("stage0", "--connect", endpoint, "--run-dir", str(split_dir), "--transport", transport, *args)
+    s1 = spawn("stage1", "--bind", endpoint, "--run-dir", str(split_dir), "--transport", transport, *args)
+    s0 = spawn("stage0", "--connect", endpoint, "--run-dir", str(split_dir), "--transport", transport, *args)
     code0, out0 = s0.finish(timeout=240)
     code1, out1 = s1.finish(timeout=30)
     assert code0 == 0, out0
