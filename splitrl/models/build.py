@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -80,8 +81,9 @@ def build_agent(
     heads' trunk, so the heads see the features as reconstructed.
     ``observation``: 'image', 'vector' or 'dict' (then ``vector_dim`` long, joined to the image's features:
     `splitrl.models.network.with_vector`).
-    A cut after the first layer must leave stage0 parameters and send a flat (B, F) activation; SettingsError
-    otherwise. The global RNG is left as it was, so building one stage in a process that also
+    A cut after the first layer must leave stage0 parameters (SettingsError otherwise); an activation of any
+    shape crosses it as flat (B, F) rows, stage0 ending with a flatten and stage1's layers starting with its
+    inverse. The global RNG is left as it was, so building one stage in a process that also
     runs the other changes nothing.
     """
     observation_space, action_space = spaces(obs_shape, action_dim, discrete, observation=observation,
@@ -119,20 +121,21 @@ def build_agent(
             raise SettingsError(f"cut {str(cut).strip()!r} of model {model!r} lies before the Dict observation's "
                                 f"vector joins the image's features (after layer {network.join!r}); cut at 'input', "
                                 "at the join or after it")
+        crossing = tuple(shapes[at])
         if at:
-            if len(shapes[at]) != 1:
-                raise SettingsError(f"cut {str(cut).strip()!r} of model {model!r} crosses a {_dims(shapes[at])} "
-                                    f"activation {shapes[at]}; only flat activations cross the link so far")
             if autoencoder and at != len(layers):
                 raise SettingsError(f"--bottleneck-train autoencoder needs the cut after the projection at the end of "
                                     f"model {model!r}'s encoder, got {str(cut).strip()!r}")
             if not any(True for layer in layers[:at] for _ in layer.parameters()):
                 raise SettingsError(f"cut {str(cut).strip()!r} of model {model!r} leaves stage0 no parameters; "
                                     "use --cut input")
-        heads = ActorCriticHeads(nn.Sequential(*layers[at:], *trunk), feature_dim, action_dim, hidden,
-                                 init_log_std=init_log_std, discrete=discrete,
-                                 input_dim=shapes[at][0] if at else None)
-    return nn.Sequential(*layers[:at]), heads
+        # A feature map crosses as flat rows (B, C*H*W): the wire, the codecs, the storage and the budget see the
+        # (B, F) they see at any cut, and stage1 gives its layers their shape back (both know it from the model).
+        reshaped = at and len(crossing) != 1
+        heads = ActorCriticHeads(nn.Sequential(*([nn.Unflatten(1, crossing)] if reshaped else []), *layers[at:], *trunk),
+                                 feature_dim, action_dim, hidden, init_log_std=init_log_std, discrete=discrete,
+                                 input_dim=math.prod(crossing) if at else None)
+    return nn.Sequential(*layers[:at], *([nn.Flatten()] if reshaped else [])), heads
 
 
 def agent(settings: "TrainSettings", spec: "EnvSpec") -> tuple[nn.Sequential, ActorCriticHeads]:
@@ -149,10 +152,11 @@ def agent(settings: "TrainSettings", spec: "EnvSpec") -> tuple[nn.Sequential, Ac
         model=settings.model, model_kwargs=parse_kwargs(settings.model_kwargs, "--model-kwargs"),
         hidden=settings.hidden, observation=spec.observation, vector_dim=spec.vector_dim)
     decoder = 1 if settings.bottleneck_train == "autoencoder" else 0
-    if len(encoder) and len(heads.trunk) > decoder and settings.codecs.exchange.partition(":")[0] == "replica":
+    past_cut = sum(not isinstance(layer, nn.Unflatten) for layer in heads.trunk) - decoder
+    if len(encoder) and past_cut and settings.codecs.exchange.partition(":")[0] == "replica":
         raise SettingsError(f"--exchange replica needs the cut at the end of the encoder of model {settings.model!r} "
                             f"(stage0's replica holds the heads alone); cut {settings.cut!r} leaves stage1 "
-                            f"{len(heads.trunk) - decoder} of its layers")
+                            f"{past_cut} of its layers")
     return encoder, heads
 
 

@@ -38,15 +38,15 @@ def test_impala_layers_and_shapes():
     assert sum(type(m).__name__ == "ResidualBlock" for m in stack) == 2  # two residual blocks a stack
 
 
-def test_impala_cuts_at_flat_activations_only():
+def test_impala_cut_inside_crosses_its_feature_map_flat():
     kwargs = {"width": 4, "blocks": 1, "features": 32}
-    encoder, heads = build_agent(OBS, 3, "flatten", seed=1, model="impala", model_kwargs=kwargs)
+    encoder, heads = build_agent(OBS, 3, "stack2", seed=1, model="impala", model_kwargs=kwargs)
+    whole_encoder, whole_heads = build_agent(OBS, 3, "input", seed=1, model="impala", model_kwargs=kwargs)
     x = torch.randint(0, 256, (2,) + OBS, dtype=torch.uint8)
-    assert encoder(x).shape == (2, 968) and heads.input_dim == 968 and heads.critic[0].in_features == 32
-    with pytest.raises(SettingsError) as info:
-        build_agent(OBS, 3, "stack2", seed=1, model="impala", model_kwargs=kwargs)
-    assert str(info.value) == ("cut 'stack2' of model 'impala' crosses a (C, H, W) activation (8, 21, 21); only flat "
-                               "activations cross the link so far")
+    crossing = encoder(x)
+    assert crossing.shape == (2, 8 * 21 * 21) and heads.input_dim == 8 * 21 * 21 and heads.critic[0].in_features == 32
+    for got, want in zip(heads.outputs(crossing), whole_heads.outputs(x)):
+        assert torch.equal(got, want)
 
 
 def test_mlp_layers_and_shapes_on_vectors_and_its_refusal_of_images():
@@ -65,7 +65,15 @@ def test_a_builtins_bad_kwargs_are_one_line():
         build_agent(OBS, 3, "cnn", seed=1, model="impala", model_kwargs={"width": 0})
 
 
-def test_impala_trains_split_as_its_twin(tmp_path, spawn):
-    metrics = split_matches_twin(tmp_path, spawn, "--model", "impala", "--model-kwargs", "width=4,blocks=1,features=32",
-                                 "--hidden", "16")
-    assert "net/train_fwd/sent_bytes" in metrics[-1]
+SMALL = ["--resize", "36"]  # 36 x 36 frames: nature's maps are 8 x 8, 3 x 3 and 1 x 1; impala's 18, 9 and 5
+CUTS = [("nature", cut) for cut in ("input", "conv1", "relu1", "conv2", "relu2", "conv3", "relu3", "cnn")] + [
+    ("impala", cut) for cut in ("input", "stack1", "stack2", "stack3", "flatten", "cnn")]
+
+
+@pytest.mark.parametrize("model, cut", CUTS, ids=[f"{m}-{c}" for m, c in CUTS])
+def test_every_cut_of_the_builtins_trains_split_as_its_twin(tmp_path, spawn, model, cut):
+    """Every boundary with parameters before it ('scale' has none); 'cnn' is each model's default (after
+    'flatten' for nature, after 'fc' for impala). What crosses in training is the activation at the cut, flat."""
+    kwargs = ["--model-kwargs", "width=4,blocks=1,features=32"] if model == "impala" else []
+    metrics = split_matches_twin(tmp_path, spawn, "--model", model, *kwargs, "--cut", cut, "--hidden", "16", *SMALL)
+    assert ("net/train_fwd/sent_bytes" in metrics[-1]) == (cut != "input")

@@ -3,6 +3,7 @@ errors that name what is wrong."""
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 
@@ -99,11 +100,23 @@ def test_a_factory_may_choose_its_default_cut(user_module):
     assert len(encoder) == 3 and len(heads.trunk) == 1 and heads.input_dim == 8 and heads.critic[0].in_features == 4
 
 
-def test_only_flat_activations_cross_and_stage0_must_hold_parameters(user_module):
-    with pytest.raises(SettingsError) as info:
-        build_agent(OBS, 3, "relu2", seed=1)
-    assert str(info.value) == ("cut 'relu2' of model 'nature' crosses a (C, H, W) activation (64, 9, 9); only flat "
-                               "activations cross the link so far")
+@pytest.mark.parametrize("cut", ["conv1", "relu1", "conv2", "relu2", "conv3", "relu3", "flatten"])
+def test_a_feature_map_crosses_as_flat_rows_and_the_two_halves_are_the_whole(cut):
+    encoder, heads = build_agent(OBS, 3, cut, seed=1)
+    whole_encoder, whole_heads = build_agent(OBS, 3, "input", seed=1)
+    x = torch.randint(0, 256, (2, *OBS), dtype=torch.uint8)
+    crossing = encoder(x)
+    shapes = {"conv1": (32, 20, 20), "relu1": (32, 20, 20), "conv2": (64, 9, 9), "relu2": (64, 9, 9),
+              "conv3": (64, 7, 7), "relu3": (64, 7, 7), "flatten": (3136,)}
+    assert crossing.shape == (2, math.prod(shapes[cut])) and heads.input_dim == math.prod(shapes[cut])
+    for got, want in zip(heads.outputs(crossing), whole_heads.outputs(x)):
+        assert torch.equal(got, want)
+    reshaped = cut != "flatten"  # stage0 flattens the map for the link, stage1 gives it its shape back
+    assert len(encoder) == ["scale", *shapes].index(cut) + 1 + reshaped and isinstance(encoder[-1], nn.Flatten)
+    assert any(isinstance(layer, nn.Unflatten) for layer in heads.trunk) == reshaped
+
+
+def test_stage0_must_hold_parameters(user_module):
     user_module.flat_first = lambda obs, act: [("scale", ScaleObs()), ("flatten", nn.Flatten()),
                                                ("fc", nn.Linear(28224, 8))]
     with pytest.raises(SettingsError, match=r"^cut 'flatten' of model 'user_nets:flat_first' leaves stage0 no "
