@@ -70,10 +70,19 @@ CUTS = [("nature", cut) for cut in ("input", "conv1", "relu1", "conv2", "relu2",
     ("impala", cut) for cut in ("input", "stack1", "stack2", "stack3", "flatten", "cnn")]
 
 
+CODECS = {  # a feature map through the codecs: lossless ones, and lossy ones (the twin codes alike)
+    ("nature", "relu1"): ["--codec-rollout", "relu+zstd", "--codec-fwd", "relu", "--codec-bwd", "ef:density=1,values=fp32"],
+    ("nature", "conv2"): ["--codec-rollout", "int8", "--codec-fwd", "delta", "--codec-bwd", "ef:density=0.5,values=int8"],
+    ("impala", "stack2"): ["--codec-rollout", "bf16", "--codec-bwd", "ef:density=0.05"],
+}
+
+
 @pytest.mark.parametrize("model, cut", CUTS, ids=[f"{m}-{c}" for m, c in CUTS])
 def test_every_cut_of_the_builtins_trains_split_as_its_twin(tmp_path, spawn, model, cut):
     """Every boundary with parameters before it ('scale' has none); 'cnn' is each model's default (after
-    'flatten' for nature, after 'fc' for impala). What crosses in training is the activation at the cut, flat."""
+    'flatten' for nature, after 'fc' for impala). What crosses in training is the activation at the cut, flat;
+    three cuts inside the encoders send it through other codecs than fp32."""
     kwargs = ["--model-kwargs", "width=4,blocks=1,features=32"] if model == "impala" else []
-    metrics = split_matches_twin(tmp_path, spawn, "--model", model, *kwargs, "--cut", cut, "--hidden", "16", *SMALL)
+    metrics = split_matches_twin(tmp_path, spawn, "--model", model, *kwargs, "--cut", cut, "--hidden", "16", *SMALL,
+                                 *CODECS.get((model, cut), []))
     assert ("net/train_fwd/sent_bytes" in metrics[-1]) == (cut != "input")
