@@ -160,10 +160,12 @@ class Timings:
              else torch.randint(0, 255, shape, dtype=torch.uint8, generator=gen))
         with torch.no_grad():
             feats = encoder(x)
+        alone = not len(encoder)  # cut at the input: stage0 computes nothing, stage1 takes the observations
         if what == "act":
             with torch.no_grad():
-                return self._median(lambda: encoder(x)), self._median(lambda: heads.get_action_and_value(feats))
-        opt0, opt1 = torch.optim.Adam(encoder.parameters()), torch.optim.Adam(heads.parameters())
+                return (0.0 if alone else self._median(lambda: encoder(x)),
+                        self._median(lambda: heads.get_action_and_value(feats)))
+        opt0, opt1 = torch.optim.Adam(encoder.parameters()) if not alone else None, torch.optim.Adam(heads.parameters())
 
         def step0() -> None:
             out = encoder(x)
@@ -172,13 +174,13 @@ class Timings:
             opt0.step()
 
         def step1() -> None:
-            f = feats.clone().requires_grad_(True)
+            f = feats if alone else feats.clone().requires_grad_(True)
             _, logp, ent, value = heads.get_action_and_value(f)
             opt1.zero_grad()
             (value.square().mean() - logp.mean() - ent.mean()).backward()
             opt1.step()
 
-        return self._median(step0), self._median(step1)
+        return 0.0 if alone else self._median(step0), self._median(step1)
 
     def _median(self, call) -> float:
         call()
@@ -225,16 +227,10 @@ def calibrate(run_dir: str | Path, target: "TrainSettings", *, threads: int, byt
         raise SettingsError(f"{run}: the calibration run must have the target's network (cut, --bottleneck, "
                             f"--bottleneck-train, env)")
     timings = timings or Timings(target, measured.spec)
-    cal_g, _, cal_mb = _batches(cal)
+    level0, level1 = levels(measured, used, timings)
     tgt_g, _, tgt_mb = _batches(target)
-    (cal_act0, cal_act1), (cal_train0, cal_train1) = timings.act(measured.threads, cal_g), \
-        timings.train(measured.threads, cal_mb)
     (act0, act1), (train0, train1) = timings.act(threads, tgt_g), timings.train(threads, tgt_mb)
-    steps, updates = cal.ppo.num_steps, cal.ppo.epochs * cal.ppo.minibatches
-    # The run's compute over what the networks alone take here: the level (the run's machine, its load, the
-    # codecs and the loss around the networks), one factor per stage.
-    level0 = mean("time/encoder") / (steps * cal_act0 + updates * cal_train0)
-    level1 = mean("time/heads") / (steps * cal_act1 + updates * cal_train1)
+    steps = cal.ppo.num_steps
     env_step = mean("time/env") / steps / (cal.env.num_envs if measured.vector == "sync" else 1)
 
     source = used if bytes_from is None else measured_records(read_metrics(bytes_from), skip_last=True)
@@ -253,13 +249,28 @@ def calibrate(run_dir: str | Path, target: "TrainSettings", *, threads: int, byt
     total = sum(iteration_bytes(r) for r in source) / len(source)
     other = total - s_steps * (up_step + down_step) - s_samples * (up_sample + down_sample)
     cal_bytes = sum(iteration_bytes(r) for r in used) / len(used)
-    round_trips = steps + updates
+    round_trips = steps + cal.ppo.epochs * cal.ppo.minibatches
     beyond = mean("time/link_wait") - round_trips * measured_link.rtt - measured_link.transfer(cal_bytes)
     per_byte = max(0.0, beyond) / cal_bytes if cal_bytes else 0.0
     return Rates(env_step=env_step,
                  act0=level0 * act0, act1=level1 * act1, train0=level0 * train0, train1=level1 * train1,
                  up_step=up_step, down_step=down_step, up_sample=up_sample, down_sample=down_sample,
                  other=max(0.0, other), per_byte=per_byte)
+
+
+def levels(measured: "RunConfig", used: Sequence[dict[str, Any]], timings: Timings) -> tuple[float, float]:
+    """Each stage's compute in the measured run (its records ``used``) over what its networks alone take here
+    (``timings``, of the run's network): the level of the run's machine, its load, and the codecs and the loss
+    around the networks. 1.0 for a stage with nothing to time (stage0 cut at the input)."""
+    cal = measured.settings
+    cal_g, _, cal_mb = _batches(cal)
+    (act0, act1), (train0, train1) = timings.act(measured.threads, cal_g), timings.train(measured.threads, cal_mb)
+    steps, updates = cal.ppo.num_steps, cal.ppo.epochs * cal.ppo.minibatches
+    out = []
+    for key, act, train in (("time/encoder", act0, train0), ("time/heads", act1, train1)):
+        alone = steps * act + updates * train
+        out.append(sum(float(r.get(key, 0.0)) for r in used) / len(used) / alone if alone else 1.0)
+    return out[0], out[1]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ PACKAGE = Path(splitrl.__file__).resolve().parent
 
 LAYERS: list[tuple[str, ...]] = [
     ("__main__", "cli"),
-    ("bench", "plan", "lab", "report"),
+    ("bench", "plan", "cutplan", "lab", "report"),
     ("runner",),
     ("schedule",),
     ("stages",),

@@ -27,16 +27,25 @@ __all__ = ["plan"]
 @click.option("--separate", is_flag=True,
               help="stage0 and stage1 on two machines (default: one machine's cores, as in every bench here)")
 @click.option("--recommend", is_flag=True, help="plan every schedule for these envs and samples, fastest first")
+@click.option("--cuts", default="all", show_default=True,
+              help="with --recommend, the cuts to rank too: 'all' (every cut of the model), 'none', or names "
+                   "such as input,conv2,cnn")
+@click.option("--edge-speed", default=1.0, show_default=True,
+              help="the edge's speed over the machine that ran stage0 in --from (0.25: four times slower)")
+@click.option("--server-speed", default=1.0, show_default=True,
+              help="the server's speed over the machine that ran stage1 in --from (4: a GPU server's heads four "
+                   "times faster)")
 @click.option("--allow-stale", is_flag=True,
               help="with --recommend, the asynchronous schedule too (samples one policy version old: it learns "
                    "differently, docs/results/pipeline.md)")
 @training_options(link=False)
 def plan(settings: TrainSettings, options: RunOptions, calibration: str, bytes_from: str | None, rate: str, rtt: float,
-         measured_rate: str, measured_rtt: float, cores: int, separate: bool, recommend: bool,
-         allow_stale: bool) -> None:
+         measured_rate: str, measured_rtt: float, cores: int, separate: bool, recommend: bool, cuts: str,
+         edge_speed: float, server_speed: float, allow_stale: bool) -> None:
     """Predict seconds per iteration, bytes per env step, each stage's busy fraction and staleness of the
     configuration these training options describe, on a link of --rate and --rtt; times the networks here
-    for a few seconds (run it on an idle machine)."""
+    for a few seconds (run it on an idle machine). --recommend ranks the schedules, then the cuts
+    (`splitrl.cutplan`: each cut's two halves timed here for a few seconds)."""
     from ..envs import choose_vector
     from ..units import parse_rate
     from ..plan import Link, Timings, calibrate, load_run, predict
@@ -72,8 +81,30 @@ def plan(settings: TrainSettings, options: RunOptions, calibration: str, bytes_f
                        f"{stale_name}, "
                        f"{stale.seconds:.1f} s (its rollout takes {stale.balance:.2f} of its training's time: "
                        f"{'the learner is the bound' if stale.balance < 1 else 'the rollout is the bound'})")
+        if cuts.strip() != "none":
+            _rank_cuts(settings, options, calibration, link, measured, vector, cuts, edge_speed, server_speed)
 
     run_cli(go)
+
+
+def _rank_cuts(settings: TrainSettings, options: RunOptions, calibration: str, link, measured, vector: str,
+               cuts: str, edge_speed: float, server_speed: float) -> None:
+    from ..cutplan import plan_cuts
+
+    only = None if cuts.strip() == "all" else [c.strip() for c in cuts.split(",") if c.strip()]
+    plans = plan_cuts(settings, calibration, link, vector=vector, threads=options.threads, only=only,
+                      edge_speed=edge_speed, server_speed=server_speed, measured_link=measured)
+    click.echo(f"\ncuts ({settings.schedule.mode} schedule; edge x{edge_speed:g}, server x{server_speed:g}):")
+    out = ["| cut | values a sample | s/iteration | rollout s | training s | bytes per env step | busy stage0 "
+           "| busy stage1 |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in plans:
+        p = c.plan
+        out.append(f"| {c.cut} | {c.values:,} | {p.seconds:.1f} | {p.rollout:.1f} | {p.training:.1f} "
+                   f"| {p.bytes_per_step:,.0f} | {p.busy0:.2f} | {p.busy1:.2f} |")
+    click.echo("\n".join(out))
+    best = plans[0]
+    click.echo(f"\nrecommended cut: --cut {best.cut}, {best.plan.seconds:.1f} s an iteration "
+               f"({plans[-1].plan.seconds / best.plan.seconds:.2f}x faster than the slowest cut here)")
 
 
 def _table(plans: list) -> str:

@@ -9,6 +9,7 @@ parameters by position.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -23,13 +24,13 @@ from ..errors import SettingsError
 from ..settings.specs import codec_base, parse_kwargs
 from .heads import ActorCriticHeads
 from .layers import layer_init
-from .network import make_network, with_vector
+from .network import INPUT, make_network, with_vector
 
 if TYPE_CHECKING:
     from ..envs import EnvSpec
     from ..settings import TrainSettings
 
-__all__ = ["build_agent", "agent", "spaces", "network_digest"]
+__all__ = ["build_agent", "agent", "spaces", "network_digest", "cuts"]
 
 
 def spaces(obs_shape: tuple[int, ...], action_dim: int, discrete: bool = False, *, observation: str = "image",
@@ -158,6 +159,27 @@ def agent(settings: "TrainSettings", spec: "EnvSpec") -> tuple[nn.Sequential, Ac
                             f"(stage0's replica holds the heads alone); cut {settings.cut!r} leaves stage1 "
                             f"{past_cut} of its layers")
     return encoder, heads
+
+
+def cuts(settings: "TrainSettings", spec: "EnvSpec") -> list[tuple[str, int]]:
+    """Every cut of the run's model an agent can be built at (`agent`; the others, such as one that leaves stage0
+    no parameters, are left out), in order, with the values a sample sends across it: 'input' (the observation's
+    own), then each layer's name."""
+    resolved = settings.for_observation(spec.observation)
+    observation_space, action_space = spaces(spec.obs_shape, spec.action_dim, spec.discrete,
+                                             observation=spec.observation, vector_dim=spec.vector_dim)
+    with torch.random.fork_rng(devices=[]):
+        network = make_network(resolved.model, parse_kwargs(resolved.model_kwargs, "--model-kwargs"),
+                               observation_space, action_space)
+    names = [INPUT, *network.names, *(["projection"] if settings.bottleneck else [])]
+    out = []
+    for name in names:
+        try:
+            encoder, heads = agent(dataclasses.replace(settings, cut=name), spec)
+        except SettingsError:
+            continue
+        out.append((name, heads.input_dim if len(encoder) else math.prod(spec.row_shape)))
+    return out
 
 
 def network_digest(*modules: nn.Module) -> str:
