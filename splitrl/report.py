@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .errors import SettingsError
-from .runs import link_bytes, metric_scalars, newest_evals, run_history, run_settings, summarise_run, summary_writer
+from .runs import link_bytes, metric_scalars, newest_evals, run_settings, summary_writer
+from .summary import run_history, summarise_run
 
 __all__ = ["RunSeries", "load_run", "pyplot", "return_figure", "bytes_figure", "report_table", "write_tensorboard",
            "make_report", "curve_table"]

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from splitrl.runs import (has_records, iteration_bytes, iteration_messages, link_bytes, link_messages, read_episodes,
-                          run_history, summarise_run)
+from splitrl.runs import iteration_bytes, iteration_messages, link_bytes, link_messages, read_episodes
+from splitrl.summary import has_records, run_history, summarise_run
 
 
 def _write_metrics(run_dir, records):

@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from ..runs import read_metrics, summarise_run
+from ..runs import read_metrics
+from ..summary import summarise_run
 
 __all__ = ["run_e2e_bench", "format_e2e_table", "history_table", "PAPER_SECONDS_PER_ITERATION"]
 

@@ -9,7 +9,7 @@ most 1448/1514 = 95.6 % of it). Then the same short PPO configuration runs twice
 as the real ``splitrl stage1`` / ``splitrl stage0`` processes in the two
 namespaces: once with fp32 on every stream, once with the best codec combination
 of the codecs benchmark (`BEST_CODECS`). The figures come from stage0's
-metrics.jsonl through `splitrl.runs.summarise_run`: seconds per iteration
+metrics.jsonl through `splitrl.summary.summarise_run`: seconds per iteration
 (``time/iteration``, the first iteration left out when there are two or more:
 it includes the processes' start-up), and bytes per iteration (every
 ``net/*_bytes`` key: stage0's meters see both directions), averaged over the
@@ -29,7 +29,8 @@ from typing import Any, Callable, Sequence
 from ..lab import DEFAULT_PORT, measure_throughput, train_in_lab
 from ..netem.netns import Lab, LabNames
 from ..netem.tc import Shaping, format_rate, parse_rate
-from ..runs import read_metrics, summarise_run
+from ..runs import read_metrics
+from ..summary import summarise_run
 
 __all__ = [
     "DEFAULT_RATES",

@@ -3,7 +3,7 @@
 Each configuration is a full `splitrl run` (split over loopback) with the same
 seed and steps; the table comes from the run directories only, so it can be
 rebuilt (`splitrl bench learning --table-only`) from runs made elsewhere;
-each row is `splitrl.runs.summarise_run` of one run directory.
+each row is `splitrl.summary.summarise_run` of one run directory.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..launch import progress
-from ..runs import link_bytes, newest_evals, run_history, summarise_run
+from ..runs import link_bytes, newest_evals
+from ..summary import run_history, summarise_run
 
 __all__ = ["CONFIGS", "run_learning_comparison", "learning_table"]
 

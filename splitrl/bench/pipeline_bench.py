@@ -27,7 +27,8 @@ from typing import Any, Callable, Sequence
 
 from ..launch import progress, run_local
 from ..netem.tc import Shaping
-from ..runs import measured_records, read_metrics, summarise_run
+from ..runs import measured_records, read_metrics
+from ..summary import summarise_run
 
 __all__ = ["MODES", "run_pipeline_bench", "pipeline_rows", "pipeline_table"]
 

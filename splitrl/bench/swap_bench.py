@@ -33,7 +33,8 @@ from typing import Any, Sequence
 
 from ..launch import free_port_pair, supervise
 from ..netem.netns import LoopbackNamespace, netns_available
-from ..runs import iteration_messages, measured_records, read_metrics, summarise_run
+from ..runs import iteration_messages, measured_records, read_metrics
+from ..summary import summarise_run
 
 __all__ = ["LINKS", "PPO_ARGS", "QUICK_PPO_ARGS", "run_swap_bench", "format_swap_table", "swap_chart", "swap_targets"]
 

@@ -124,7 +124,7 @@ def bench_learning(names: tuple[str, ...], iterations: int, out_dir: str, table_
     `--` go to every `splitrl run`, e.g. `-- --threads 2`.
     """
     from ..bench.learning_bench import CONFIGS, kind_table, learning_table, run_learning_comparison
-    from ..runs import has_records
+    from ..summary import has_records
 
     def go() -> None:
         unknown = [n for n in names if n not in CONFIGS]

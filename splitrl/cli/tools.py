@@ -27,7 +27,7 @@ def codecs_cmd() -> None:
 def report(run_dirs: tuple[str, ...], out_dir: str, tensorboard: bool) -> None:
     """The paper's two figures (return and bytes on the link against env steps) and a table, for RUN_DIRS."""
     from ..report import make_report
-    from ..runs import has_records
+    from ..summary import has_records
 
     missing = [d for d in run_dirs if not has_records(d)]
     if missing:  # a wrong argument, not a failure while running

@@ -69,8 +69,8 @@ def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, sta
                 exchange.load_state_dict(state["exchange"])
                 link.meter.restore(state["meter"])
             truncate_logs(edge.run_log.dir, iteration)
-            if edge.budget is not None and iteration:
-                edge.last_record = edge.budget.resume(read_metrics(edge.run_log.dir))
+            if edge.tuning.budget is not None and iteration:
+                edge.tuning.last_record = edge.tuning.budget.resume(read_metrics(edge.run_log.dir))
             log.info("[stage0] resuming after iteration %d", iteration)
         try:
             records = build.SCHEDULES[edge.settings.schedule.mode].stage0_loop(edge, exchange, link,

@@ -222,7 +222,7 @@ class IterationLog:
         record.update({k: v for k, v in stats.items()
                        if k.startswith(("losses/", "cpu/", "async/", "eval/", "fleet/", "autoencoder/"))})
         record.update(self.extra)
-        record.update(edge.budget_metrics.pop(iteration, {}))
+        record.update(edge.tuning.metrics.pop(iteration, {}))
         # CPU seconds of this process in the iteration (in the twin, both stages share it).
         record["cpu/stage0"] = time.process_time() - self.cpu_start
         envs_cpu = self.edge.env_cpu_seconds()
@@ -245,7 +245,7 @@ class IterationLog:
             record[key.replace("net/", "net_total/", 1)] = value
         self.bytes_before = net_now
         self.records.append(record)
-        edge.last_record = record
+        edge.tuning.last_record = record
         if edge.run_log is not None:
             edge.run_log.metrics(record)
         log.info("[stage0] %s", progress_line(record, s.num_iterations, len(self.records)))

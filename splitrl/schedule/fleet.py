@@ -204,7 +204,7 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run
     s = learner.settings
     per_edge = s.env.num_envs // roster.total
     learner.set_groups(roster.total)
-    ours = torch.cat([learner.group_rows[roster.first + g] for g in range(len(roster.links))])
+    ours = torch.cat([learner.groups.rows[roster.first + g] for g in range(len(roster.links))])
     sync = s.schedule.parsed_encoder_sync()
     for iteration in range(learner.train_iteration + 1, s.num_iterations + 1):
         busy = PhaseClock()

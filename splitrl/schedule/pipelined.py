@@ -119,7 +119,7 @@ def agree_on_groups(edge: Edge, link: Transport) -> dict[str, Any]:
     step_seconds = None
     if groups is None:
         step_seconds = _env_step_seconds(edge)
-        groups = choose_groups(edge.settings.env.num_envs, rtt, step_seconds, parallel=edge.vector == "async")
+        groups = choose_groups(edge.settings.env.num_envs, rtt, step_seconds, parallel=edge.envs.vector == "async")
     link.send("plan", header={"rollout_groups": groups})
     edge.set_groups(groups)
     log.info("[stage0] round trip %.2f ms; %d env group(s)%s", 1e3 * rtt, groups,
@@ -177,7 +177,7 @@ def stage0_rollout(edge: Edge, link: Transport, clock: PhaseClock, iteration: in
     # One group at a time, in a fixed order: take its action, step it, send its next step; the other
     # groups' steps are on the link (or in stage1) meanwhile. With worker envs a group's step is
     # finished one turn later (`rollout_lag`), so two groups' envs step at once.
-    lag = rollout_lag(len(groups), edge.vector)
+    lag = rollout_lag(len(groups), edge.envs.vector)
     edge.begin_rollout(iteration)
     for g in groups:
         send_step(0, g, tags(0, t=0, g=g))

@@ -1,9 +1,11 @@
 """What each side computes, with no link: stage0's `Edge`, stage1's `Learner`, and the training exchange.
 
 The stages' parts live beside them: `update` (the PPO update), `decoupled` (samples an older policy acted
-on), `versions` (published policy copies), `fleet_encoder` (a fleet's one encoder), `order_free` (acting
-for a fleet as its edges come), `exchange` and `replica` (what crosses the cut in training, seeing each stage
-through a narrow protocol), `replica_plan` and `budget` (what the replica sends when; ``--link-budget``).
+on), `versions` (published policy copies), `rollouts` (the stored rollouts and the env groups that write
+them), `env_groups` (stage0's envs), `fleet_encoder` (a fleet's one encoder), `order_free` (acting for a
+fleet as its edges come), `exchange` and `replica` (what crosses the cut in training, seeing each stage
+through a narrow protocol), `replica_plan` and `budget` (what the replica sends when; ``--link-budget``, on
+either stage `budget.CodecTuning`).
 """
 
 from .edge import EMA_DECAY, Edge

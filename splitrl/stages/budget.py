@@ -17,7 +17,8 @@ moves the stream with the most predicted bytes one level down. The choice rides 
 step message (header ``budget``, every group's); stage1 checks each spec is on its ladder (else a
 `ProtocolError`) and both sides switch: the rollout codec at once, the training codecs and the exchange when
 that iteration's training begins (so the asynchronous schedule's training of the iteration before is not
-touched). A codec keeps its state across a switch (`splitrl.codecs.CodecSet.retune`).
+touched). A codec keeps its state across a switch (`splitrl.codecs.CodecSet.retune`). `CodecTuning` does
+this on either stage.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ..transport import ProtocolError
 from ..transport.errors import peer_repr
 from .replica_plan import FIRST_LAYERS, due, replicated
 
-__all__ = ["LinkBudget", "codec_ladder", "exchange_ladder", "STREAMS", "TRAINING"]
+__all__ = ["CodecTuning", "LinkBudget", "codec_ladder", "exchange_ladder", "STREAMS", "TRAINING"]
 
 LEVELS = 6
 """Settings per ladder: the configured one and five leaner."""
@@ -218,3 +219,50 @@ def switch(codecs: CodecSet, specs: dict[str, str], streams: Iterable[str]) -> E
         if stream != "exchange":
             codecs.retune(stream, specs[stream])
     return Exchange.parse(specs["exchange"]) if "exchange" in streams else None
+
+
+class CodecTuning:
+    """A stage's codecs iteration by iteration: the configured settings throughout without ``--link-budget``;
+    with it, each iteration's settings as stage0 chooses them (`begin_rollout`) or stage1 is told them (`take`),
+    switched in as the module's docstring says."""
+
+    def __init__(self, settings: TrainSettings, spec: EnvSpec, codecs: CodecSet) -> None:
+        self.codecs = codecs
+        self.budget = LinkBudget.of(settings, spec)
+        """``--link-budget`` (None without): stage0 chooses with it, stage1 checks what it is told."""
+        self.exchange = settings.codecs.parsed_exchange()
+        """The training exchange as this iteration runs it (``--link-budget`` may lengthen a replica's periods)."""
+        self.announced: dict[int, dict[str, str]] = {}
+        """Each iteration's settings, sent (stage0) or received (stage1) with its first step, until its training
+        takes them."""
+        self.metrics: dict[int, dict[str, Any]] = {}
+        """Stage0: each iteration's choice, until its metrics record takes it."""
+        self.last_record: dict[str, Any] | None = None
+        """Stage0: the newest iteration's metrics record (`splitrl.schedule.common.IterationLog`): what the budget
+        measures. Stage1 has none and never chooses."""
+
+    def begin_rollout(self, iteration: int) -> None:
+        """The rollout codec starts ``iteration``; stage0 chooses its settings, and the rollout codec switches."""
+        self.codecs.new_iteration("rollout")
+        if self.budget is not None and self.last_record is not None:
+            metrics = self.metrics[iteration] = self.budget.choose(iteration, self.last_record)
+            specs = self.announced[iteration] = self.budget.specs()
+            metrics.update({f"budget/spec/{k}": v for k, v in specs.items()})
+            switch(self.codecs, specs, ["rollout"])
+
+    def take(self, iteration: int, announced: Any) -> None:
+        """Stage1: stage0's choice for ``iteration``, from a first step's header: the rollout codec switches now."""
+        if self.budget is None:
+            raise ProtocolError("step: header 'budget' from a stage0 with --link-budget; this stage1 has none")
+        specs = self.budget.check(announced)
+        before = self.announced.get(iteration)
+        if before is not None and before != specs:  # every group's first step says the same
+            raise ProtocolError(f"step: header 'budget' differs between groups of iteration {iteration}")
+        self.announced[iteration] = specs
+        switch(self.codecs, specs, ["rollout"])
+
+    def begin_training(self, iteration: int) -> None:
+        """The training codecs start ``iteration``, switched with the exchange to its settings if it has any."""
+        self.codecs.new_iteration("fwd", "bwd")
+        if iteration in self.announced:
+            self.exchange = switch(self.codecs, self.announced.pop(iteration), TRAINING)

@@ -15,14 +15,15 @@ next iteration acts while this one trains, and `publish` / `adopt` swap the
 trained weights in between two steps). With one group and no copy, every call
 is what the synchronous schedule makes.
 
-Its parts are objects of their own: the published policy versions
-(`splitrl.stages.versions`) and a fleet edge's share of the fleet's one encoder
-(`splitrl.stages.fleet_encoder`).
+Its parts are objects of their own: the envs in their groups
+(`splitrl.stages.env_groups`), the stored rollouts (`splitrl.stages.rollouts`),
+the codecs' settings per iteration (`splitrl.stages.budget.CodecTuning`), the
+published policy versions (`splitrl.stages.versions`) and a fleet edge's share
+of the fleet's one encoder (`splitrl.stages.fleet_encoder`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any, Iterable
 
@@ -32,18 +33,19 @@ from torch import nn
 
 from ..codecs import CodecSet, Context
 from ..devices import to_device
-from ..envs import (EnvSpec, batch, choose_vector, make_vector_env, restore_vector_env, vector_env_state,
-                    worker_cpu_seconds)
+from ..envs import EnvSpec, batch
 from ..models import agent
 from ..ppo import anneal, minibatch_schedule
 from ..runs import EMA_DECAY, RunLog
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
 from .autoencoder import pack_sample, sampled
-from .budget import TRAINING, LinkBudget, switch
+from .budget import CodecTuning
+from .env_groups import EnvGroups
 from .episodes import Episodes
 from .fleet_encoder import EdgeEncoder
 from .protocol import Payload, tensor
+from .rollouts import Slots
 from .versions import PolicyVersions
 
 __all__ = ["Edge", "EMA_DECAY"]
@@ -75,8 +77,7 @@ class Edge:
         self.offset, self.total_envs = edge * settings.env.num_envs, settings.total_envs
         self.joined_after = 0
         """A fleet's late edge: the iteration after which it joined (`join`); 0 for the others."""
-        self.vector = choose_vector(vector, settings.env.num_envs)
-        """'sync': the environments step in this process; 'async': in worker processes (`splitrl.envs.StepInTwo`)."""
+        self.envs = EnvGroups(settings, vector)
         self.net = agent(settings, spec)[0].to(self.device)  # built on the CPU: the same weights on any device
         self.params = [p for p in self.net.parameters() if p.requires_grad]  # not an autoencoder's projection
         self.optimizer = torch.optim.Adam(self.params, lr=settings.ppo.lr_encoder, eps=1e-5) if self.params else None
@@ -84,31 +85,17 @@ class Edge:
         """The encoder the rollout acts with and the published ones (`publish`, `adopt`)."""
         self.fleet = EdgeEncoder(self.net, self.optimizer, lambda: agent(settings, spec)[0])
         """This edge's part of a fleet's one encoder (``--encoder-sync``, joining)."""
-        n, t = settings.env.num_envs, settings.ppo.num_steps
-        rows = (t, n) + spec.row_shape
-        self.buffers = [torch.zeros(rows, dtype=getattr(torch, spec.row_dtype), device=self.device)
-                        for _ in range(slots)]
+        rows = (settings.ppo.num_steps, settings.env.num_envs) + spec.row_shape
+        self.buffers = Slots(slots, lambda: torch.zeros(rows, dtype=getattr(torch, spec.row_dtype), device=self.device))
         self.obs = self.buffers[0]
         """The observations of the rollout being collected (one slot of `buffers`), as `EnvSpec.rows`."""
         self.flat_obs = self.obs.view((-1,) + spec.row_shape)
         """The observations of the rollout being trained on, one row per sample (t * num_envs + env)."""
         self.codecs = CodecSet(**settings.codecs.specs(), device=self.device)
-        self.exchange = settings.codecs.parsed_exchange()
-        """The training exchange as this iteration runs it (``--link-budget`` may lengthen a replica's periods)."""
-        self.budget = LinkBudget.of(settings, spec)
-        self.budget_metrics: dict[int, dict[str, Any]] = {}
-        """``--link-budget``: each iteration's choice, until its metrics record takes it."""
-        self.last_record: dict[str, Any] | None = None
-        """The newest iteration's metrics record (`splitrl.schedule.common.IterationLog`): what the budget measures."""
-        self.announced: dict[int, dict[str, str]] = {}
-        """``--link-budget``: each iteration's settings, sent with its first step, until its training takes them."""
+        self.tuning = CodecTuning(settings, spec, self.codecs)
+        """``--link-budget``: each iteration's settings, chosen here and sent with its first step."""
         self.low, self.high = np.array(spec.action_low), np.array(spec.action_high)
         self.stacked = settings.env.image_pipeline[1] > 1
-        self.envs: list[Any] = []
-        self.steppers: list[Any] = []
-        self.next_obs: list[np.ndarray] = []
-        self.saved_envs: list[dict[str, Any]] | None = None
-        """The envs' state from a checkpoint, put back by `open_envs`."""
         self.set_groups(1)
         self.global_step = 0
         self.iteration = 0
@@ -123,6 +110,8 @@ class Edge:
     acting_version = property(lambda self: self.policy.version, doc="The policy version the rollout acts with: "
                               "the training iterations done on its weights, or the epochs with --publish epoch.")
     published = property(lambda self: self.policy.published)
+    exchange = property(lambda self: self.tuning.exchange, doc="The training exchange as this iteration runs it.")
+    groups = property(lambda self: self.envs.groups, doc="The envs' groups that step in turn (`set_groups`).")
 
     @property
     def trains(self) -> bool:
@@ -137,54 +126,27 @@ class Edge:
     # -- environments ----------------------------------------------------------------
     def set_groups(self, groups: int) -> None:
         """Cut the envs into ``groups`` equal groups that step in turn (before `open_envs`)."""
-        n = self.settings.env.num_envs
-        if groups < 1 or n % groups or self.envs:
-            raise ValueError(f"{n} envs do not split into {groups} equal groups (or the envs are open already)")
-        size = n // groups
-        self.groups = [torch.arange(g * size, (g + 1) * size) for g in range(groups)]
-        """Each group's env indices in the rollout batch."""
-        self.actions: list[np.ndarray | None] = [None] * groups
+        self.envs.set_groups(groups)
         self.outcome: list[Payload] = [({}, {}) for _ in range(groups)]
         """Each group's last outcome: it rides on the group's next message."""
 
     def open_envs(self) -> None:
-        """Each group's vector env, reset so that env i has seed ``seed + i`` whatever the grouping."""
-        s = self.settings
-        if self.saved_envs is not None and len(self.saved_envs) != len(self.groups):
-            raise ValueError(f"the checkpoint's rollout had {len(self.saved_envs)} env groups, this run has "
-                             f"{len(self.groups)}: resume with the same --rollout-groups")
-        group_env = dataclasses.replace(s.env, num_envs=len(self.groups[0]))
-        for g, envs in enumerate(self.groups):
-            env, stepper = make_vector_env(group_env, vector=self.vector, reward_clip=s.ppo.reward_clip,
-                                           reward_gamma=s.ppo.gamma if s.ppo.norm_reward else None)
-            self.envs.append(env)
-            self.steppers.append(stepper)
-            # A fleet's late edge does not replay its place's first episodes: its seeds move on by the iteration.
-            obs = env.reset(seed=s.seed + self.offset + int(envs[0]) + JOIN_SEED_STRIDE * self.joined_after)[0]
-            self.next_obs.append(obs if self.saved_envs is None else restore_vector_env(env, self.saved_envs[g]))
-        self.saved_envs = None
+        """Each group's vector env, env i of the fleet seeded ``seed + i`` (`EnvGroups.open`)."""
+        # A fleet's late edge does not replay its place's first episodes: its seeds move on by the iteration.
+        self.envs.open(self.settings.seed + self.offset + JOIN_SEED_STRIDE * self.joined_after)
 
     def env_cpu_seconds(self) -> float | None:
-        """CPU seconds the envs' worker processes have used so far (0: the envs step in this process; None: not
-        measurable here, or no envs open)."""
-        seconds = [worker_cpu_seconds(stepper) for stepper in self.steppers]
-        return None if not seconds or None in seconds else sum(seconds)
+        """CPU seconds the envs' worker processes have used so far (`EnvGroups.cpu_seconds`)."""
+        return self.envs.cpu_seconds()
 
     def close(self) -> None:
-        for env in self.envs:
-            env.close()
-        self.envs, self.steppers = [], []
+        self.envs.close()
 
     # -- rollout ---------------------------------------------------------------------
     def begin_rollout(self, iteration: int) -> None:
         self.iteration = iteration
-        self.obs = self.buffers[iteration % len(self.buffers)]
-        self.codecs.new_iteration("rollout")
-        if self.budget is not None and self.last_record is not None:
-            metrics = self.budget_metrics[iteration] = self.budget.choose(iteration, self.last_record)
-            specs = self.announced[iteration] = self.budget.specs()
-            metrics.update({f"budget/spec/{k}": v for k, v in specs.items()})
-            switch(self.codecs, specs, ["rollout"])
+        self.obs = self.buffers[iteration]
+        self.tuning.begin_rollout(iteration)
 
     def adopt(self, version: int | None = None) -> int:
         """Act from now on with the newest published weights, or with those of ``version`` (--publish epoch's
@@ -200,12 +162,12 @@ class Edge:
 
     def observe(self, t: int, g: int = 0) -> Payload:
         """Group ``g``'s step ``t`` message: its observation stored and encoded, after its last outcome."""
-        envs = self.groups[g]
-        obs = to_device(torch.as_tensor(self.spec.rows(self.next_obs[g], self.stacked)), self.device)
+        envs = self.groups.rows[g]
+        obs = to_device(torch.as_tensor(self.spec.rows(self.envs.next_obs[g], self.stacked)), self.device)
         self.obs[t, envs[0]: envs[-1] + 1] = obs
         tensors, header = self.outcome[g]
-        if t == 0 and self.iteration in self.announced:
-            header["budget"] = self.announced[self.iteration]
+        if t == 0 and self.iteration in self.tuning.announced:
+            header["budget"] = self.tuning.announced[self.iteration]
         fleet_envs = self.offset + envs
         ctx = Context(idx=t * self.total_envs + fleet_envs, envs=fleet_envs, global_step=self.global_step)
         if sampled(self.settings, t):  # the features before the projection too, for stage1's autoencoder
@@ -225,7 +187,7 @@ class Edge:
 
     def begin_step(self, msg: Message, g: int = 0) -> None:
         """Start stepping group ``g`` with stage1's ``action`` (in its workers with ``vector='async'``)."""
-        n = len(self.groups[g])
+        n = self.groups.size
         if self.spec.discrete:
             action = tensor(msg, "action", (n,), torch.int64)
             if not bool(((action >= 0) & (action < self.spec.action_dim)).all()):
@@ -233,21 +195,20 @@ class Edge:
                                     f"got values from {int(action.min())} to {int(action.max())}")
         else:
             action = tensor(msg, "action", (n, self.spec.action_dim), torch.float32)
-        self.actions[g] = self.spec.env_action(action.numpy(), self.settings.env.action_map)
-        self.steppers[g].begin(self.actions[g])
+        self.envs.begin_step(g, self.spec.env_action(action.numpy(), self.settings.env.action_map))
 
     def finish_step(self, g: int = 0) -> None:
         """Wait for group ``g``'s step; log finished episodes, keep the outcome for its next message."""
-        self.next_obs[g], reward, terminated, truncated, info = self.envs[g].step(self.actions[g])
-        self.global_step += len(self.groups[g]) * self.settings.schedule.edges  # a fleet's edges step in lock step
-        self.episodes.record(info, self.offset + self.groups[g], self.global_step, self.iteration)
+        reward, terminated, truncated, info = self.envs.finish_step(g)
+        self.global_step += self.groups.size * self.settings.schedule.edges  # a fleet's edges step in lock step
+        self.episodes.record(info, self.offset + self.groups.rows[g], self.global_step, self.iteration)
         self.outcome[g] = self._outcome(reward, terminated, truncated, info, g)
 
     def end_rollout(self, g: int = 0) -> Payload:
         """Group ``g``'s ``rollout_end``: its last outcome and the features of the observation to bootstrap from."""
         tensors, header = self.outcome[g]
-        ctx = Context(envs=self.offset + self.groups[g], global_step=self.global_step)
-        features = self.encode(self.spec.rows(self.next_obs[g], self.stacked))
+        ctx = Context(envs=self.offset + self.groups.rows[g], global_step=self.global_step)
+        features = self.encode(self.spec.rows(self.envs.next_obs[g], self.stacked))
         self.codecs.pack("rollout", "features", features, ctx, tensors, header)
         self.outcome[g] = ({}, {})
         return tensors, header
@@ -264,7 +225,7 @@ class Edge:
             final = batch([info["final_obs"][i] for i in bootstrap])
             index = torch.as_tensor(bootstrap, dtype=torch.int64)  # within the group
             # Packed before the next step's features: stateful codecs see each env's frames in order.
-            ctx = Context(envs=self.offset + self.groups[g][index], global_step=self.global_step)
+            ctx = Context(envs=self.offset + self.groups.rows[g][index], global_step=self.global_step)
             features = self.encode(self.spec.rows(final, self.stacked))
             self.codecs.pack("rollout", "final_features", features, ctx, out, header)
             out["final_index"] = index
@@ -277,17 +238,15 @@ class Edge:
         iteration's metrics and checkpoint speak of that iteration's rollout while the next one runs."""
         returns, ema_return = self.episodes.take(), self.episodes.ema_return
         resume = {"iteration": self.iteration, "global_step": self.global_step, "ema_return": ema_return,
-                  "envs": [vector_env_state(envs) for envs in self.envs], "codecs": self.codecs.state_dict("rollout")}
+                  "envs": self.envs.state(), "codecs": self.codecs.state_dict("rollout")}
         return {"global_step": self.global_step, "returns": returns, "ema_return": ema_return, "resume": resume}
 
     # -- training --------------------------------------------------------------------
     def begin_training(self, iteration: int) -> list[list[torch.Tensor]]:
         """Train on ``iteration``'s rollout from now on; its minibatch indices per epoch (the same on both stages)."""
         self.train_iteration = iteration
-        self.flat_obs = self.buffers[iteration % len(self.buffers)].view((-1,) + self.spec.row_shape)
-        self.codecs.new_iteration("fwd", "bwd")
-        if iteration in self.announced:
-            self.exchange = switch(self.codecs, self.announced.pop(iteration), TRAINING)
+        self.flat_obs = self.buffers[iteration].view((-1,) + self.spec.row_shape)
+        self.tuning.begin_training(iteration)
         ppo = self.settings.ppo
         if self.optimizer is not None:
             anneal(self.optimizer, ppo.lr_encoder * ppo.lr_fraction(iteration, self.settings.num_iterations))
@@ -380,7 +339,7 @@ class Edge:
         self.train_iteration, self.iteration = state["iteration"], rollout["iteration"]
         self.global_step, self.episodes.ema_return = rollout["global_step"], rollout["ema_return"]
         self.codecs.load_state_dict({**state["codecs"], **rollout["codecs"]})
-        self.saved_envs = rollout["envs"]
+        self.envs.saved = rollout["envs"]
         self.fleet.load_state_dict(state, averaging=self.settings.schedule.parsed_encoder_sync().name == "avg")
         if self.policy.copied:
             self.policy.restart(self.train_iteration * self.settings.versions_per_iteration)

@@ -8,8 +8,10 @@ decides when. Its parts are objects of their own: the PPO update
 (`splitrl.stages.update`), the decoupled-PPO state of samples an older policy
 acted on (`splitrl.stages.decoupled`), the published policy versions
 (`splitrl.stages.versions`), a fleet's encoder sum and average
-(`splitrl.stages.fleet_encoder`) and the padding that makes acting for a fleet
-order-free (`splitrl.stages.order_free`).
+(`splitrl.stages.fleet_encoder`), the padding that makes acting for a fleet
+order-free (`splitrl.stages.order_free`), the stored rollouts
+(`splitrl.stages.rollouts`) and the codecs' settings per iteration
+(`splitrl.stages.budget.CodecTuning`).
 
 As on stage0 (`splitrl.stages.edge`), the envs may come in groups, two rollouts
 may be stored at once, and the rollout may act with its own copy of the heads:
@@ -28,20 +30,21 @@ from typing import Any, Iterable
 import torch
 
 from ..codecs import CodecSet, Context
-from ..devices import to_device, to_host
+from ..devices import to_host
 from ..envs import EnvSpec
 from ..models import ActorCriticHeads, agent
-from ..ppo import RolloutBuffer, anneal, explained_variance, minibatch_schedule
+from ..ppo import anneal, explained_variance, minibatch_schedule
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
 from .autoencoder import Autoencoder, sampled, unpack_sample
-from .budget import TRAINING, LinkBudget, switch
+from .budget import CodecTuning
 from .decoupled import Rescore
 from .fleet_encoder import EncoderSum
 from .learners import Learners
 from .order_free import batch_invariant, step_generator
-from .outcomes import read_outcome, rows_of
+from .outcomes import read_outcome
 from .protocol import ENCODER_PREFIX, Payload
+from .rollouts import Groups, Rollouts
 from .update import PPOUpdate
 from .versions import PolicyVersions
 
@@ -75,13 +78,6 @@ class Learner:
         self.generator = torch.Generator().manual_seed(settings.seed)
         self.policy: PolicyVersions[ActorCriticHeads] = PolicyVersions(self.heads, acting_copy)
         """The heads the rollout acts with and the published ones (`publish`, `adopt`)."""
-        n, t = settings.env.num_envs, ppo.num_steps
-        self.set_groups(1)
-        self.buffers = [RolloutBuffer(t, n, spec.action_dim, spec.discrete, self.device) for _ in range(slots)]
-        self.buffer = self.buffers[0]
-        """The rollout being collected."""
-        self.train_buffer = self.buffers[0]
-        """The rollout being trained on."""
         self.trains_alone = not any(True for _ in stage0_net.parameters())
         self.encoder_sum = EncoderSum({ENCODER_PREFIX + name: to_host(p.detach()).clone()
                                        for name, p in stage0_net.named_parameters()}, lambda: self.learners)
@@ -91,21 +87,12 @@ class Learner:
         """The width of the features at the cut."""
         # Stored rollout inputs: the observations (`EnvSpec.rows`) when stage1 trains alone; with an acting copy,
         # the features, so that samples an older policy acted on can be scored by the one that trains.
-        keep = (t, n) + spec.row_shape if self.trains_alone else (t, n, self.feature_dim) if acting_copy else None
-        keep_dtype = getattr(torch, spec.row_dtype) if self.trains_alone else torch.float32
-        on = dict(device=self.device)
-        self.inputs = [torch.zeros(keep, dtype=keep_dtype, **on) for _ in range(slots)] if keep else None
-        self.versions = [torch.zeros((t, n), dtype=torch.int64, **on) for _ in range(slots)]
-        """The policy version that acted on each sample: training iterations done before it, or epochs with
-        --publish epoch (`TrainSettings.versions_per_iteration`)."""
-        self.last_values = [torch.zeros(n, **on) for _ in range(slots)]
+        keep = ((spec.row_shape, getattr(torch, spec.row_dtype)) if self.trains_alone else
+                ((self.feature_dim,), torch.float32) if acting_copy else None)
+        self.rollouts = Rollouts(settings, spec, slots, keep, self.device)
         self.codecs = CodecSet(**settings.codecs.specs(), device=self.device)
-        self.exchange = settings.codecs.parsed_exchange()
-        """The training exchange as this iteration runs it (``--link-budget`` may lengthen a replica's periods)."""
-        self.budget = LinkBudget.of(settings, spec)
-        """``--link-budget``: only to check what stage0 chooses (`announced`)."""
-        self.announced: dict[int, dict[str, str]] = {}
-        """``--link-budget``: each iteration's settings as stage0 sent them, until its training takes them."""
+        self.tuning = CodecTuning(settings, spec, self.codecs)
+        """``--link-budget``: each iteration's settings as stage0 chose them (checked here)."""
         self.iteration = 0
         """The iteration being collected."""
         self.train_iteration = 0
@@ -116,47 +103,26 @@ class Learner:
     # -- the parts' state, by the names the schedules and tests use --------------------------
     optimizer = property(lambda self: self.update.optimizer)
     stats = property(lambda self: self.update.stats, doc="The iteration's statistics by key (`PPOUpdate.stats`).")
-    lagging = property(lambda self: self.decoupled.lagging)
-    proximal = property(lambda self: self.decoupled.proximal)
-    proximal_values = property(lambda self: self.decoupled.proximal_values)
+    acting = property(lambda self: self.policy.acting, doc="The heads the rollout acts with (`heads` themselves "
+                      "without an acting copy).")
     acting_version = property(lambda self: self.policy.version)
     acting_as = property(lambda self: self.policy.newest, doc="The newest number the acting heads were published "
                          "under: what each sample's version is stored as, so that its lag counts the training it "
                          "really missed.")
     published = property(lambda self: self.policy.published)
-
-    @property
-    def acting(self) -> ActorCriticHeads:
-        """The heads the rollout acts with (`heads` themselves without an acting copy)."""
-        return self.policy.acting
-
-    @acting.setter
-    def acting(self, heads: ActorCriticHeads) -> None:
-        self.policy.acting = heads
+    exchange = property(lambda self: self.tuning.exchange, doc="The training exchange as this iteration runs it.")
+    groups = property(lambda self: self.rollouts.groups, doc="The envs' groups that step in turn (`set_groups`).")
+    buffer = property(lambda self: self.rollouts.buffers[self.iteration], doc="The rollout being collected.")
+    train_buffer = property(lambda self: self.rollouts.buffers[self.train_iteration],
+                            doc="The rollout being trained on.")
 
     def set_groups(self, groups: int) -> None:
         """Expect the envs in ``groups`` equal groups that step in turn (stage0's ``plan``)."""
-        n = self.settings.env.num_envs
-        if groups < 1 or n % groups:
-            raise ValueError(f"{n} envs do not split into {groups} equal groups")
-        size = n // groups
-        self.groups = [slice(g * size, (g + 1) * size) for g in range(groups)]
-        self.group_rows = [torch.arange(g * size, (g + 1) * size) for g in range(groups)]
-        """Each group's env indices in the rollout batch, as a tensor."""
-
-    def _slot(self, iteration: int) -> int:
-        return iteration % len(self.buffers)
+        self.rollouts.groups = Groups(self.settings.env.num_envs, groups)
 
     def global_step(self, t: int = 0, g: int = 0) -> int:
-        """stage0's env-step count when it encoded group ``g``'s step ``t`` of the iteration being collected.
-
-        The groups step in order (`splitrl.schedule.pipelined`): before step t + 1 of group g, every
-        group has taken t steps and groups 0 .. g one more."""
-        start = (self.iteration - 1) * self.settings.steps_per_iteration
-        if t == 0:
-            return start
-        size = self.groups[g].stop - self.groups[g].start
-        return start + (t - 1) * self.settings.env.num_envs + (g + 1) * size
+        """stage0's env-step count when it encoded group ``g``'s step ``t`` of the iteration being collected."""
+        return self.rollouts.global_step(self.iteration, t, g)
 
     @property
     def train_step(self) -> int:
@@ -176,10 +142,9 @@ class Learner:
     # -- rollout ---------------------------------------------------------------------
     def begin_rollout(self, iteration: int) -> None:
         self.iteration = iteration
-        self.buffer = self.buffers[self._slot(iteration)]
         # Rows no step fills (a fleet's edge dropped in or before this rollout) are never trained on: not lagging.
-        self.versions[self._slot(iteration)].fill_(self._acting_version())
-        self.codecs.new_iteration("rollout")
+        self.rollouts.versions[iteration].fill_(self._acting_version())
+        self.tuning.begin_rollout(iteration)
 
     def adopt(self, version: int) -> None:
         """Act with the heads of ``version`` (stage0 says when it switched its encoder)."""
@@ -199,20 +164,20 @@ class Learner:
         Each group's actions are sampled in the order given, from the shared generator, unless
         ``order_free``: then as `splitrl.stages.order_free` makes them, so that they do not depend on which
         groups came together or in what order (a fleet served as its edges arrive, ``--act-wait``)."""
-        n, slot = self.settings.env.num_envs, self._slot(self.iteration)
+        n = self.settings.env.num_envs
         inputs, outcomes = [], []
         with torch.no_grad():
             for g, t, msg in steps:
-                rows = self.group_rows[g]
+                rows = self.groups.rows[g]
                 if t == 0 and "budget" in msg.header:
-                    self._budget(msg.header["budget"])
+                    self.tuning.take(self.iteration, msg.header["budget"])
                 if t > 0:
                     outcomes.append((t - 1, g, self._outcome(t - 1, msg, g)))
                 ctx = Context(idx=t * n + rows, envs=rows, global_step=self.global_step(t, g))
                 inputs.append(self._input(msg, ctx))
                 if self.autoencoder is not None and sampled(self.settings, t):
                     self.autoencoder.add(unpack_sample(msg, len(rows), self.heads.trunk[-1].out_features))
-            self._record_outcomes(outcomes)
+            self.rollouts.record_outcomes(self.iteration, outcomes)
             x = inputs[0] if len(inputs) == 1 else torch.cat(inputs)
             if order_free:  # one thread, rows padded: any batch gives a row one result
                 mean, value = batch_invariant(self.acting.outputs, x)
@@ -223,11 +188,8 @@ class Learner:
             parts = [(len(rows), self.step_generator(g, t) if order_free else self.generator)
                      for (g, t, _), rows in zip(steps, inputs)]
             u, logprob, _, v = self.acting.evaluate(mean, value, parts=parts)
-        at, envs = rows_of([(t, g) for g, t, _ in steps], self.group_rows)
-        self.buffer.add_rows(at, envs, actions=u, logprobs=logprob, values=v)
-        if self.inputs is not None:
-            self.inputs[slot][at, envs] = x
-        self.versions[slot][at, envs] = self._acting_version()
+        self.rollouts.store(self.iteration, [(t, g) for g, t, _ in steps], x, self._acting_version(),
+                            actions=u, logprobs=logprob, values=v)
         wire = to_host(self.acting.wire_action(u))  # one copy for every group's actions
         payloads, start = [], 0
         for size, _ in parts:
@@ -239,17 +201,6 @@ class Learner:
         """A generator for group ``g``'s step ``t`` of the iteration being collected (`order_free.step_generator`)."""
         return step_generator(self.settings.seed, self.iteration, g, t)
 
-    def _budget(self, announced: Any) -> None:
-        """Stage0's ``--link-budget`` choice for the iteration being collected: the rollout codec switches now."""
-        if self.budget is None:
-            raise ProtocolError("step: header 'budget' from a stage0 with --link-budget; this stage1 has none")
-        specs = self.budget.check(announced)
-        before = self.announced.get(self.iteration)
-        if before is not None and before != specs:  # every group's first step says the same
-            raise ProtocolError(f"step: header 'budget' differs between groups of iteration {self.iteration}")
-        self.announced[self.iteration] = specs
-        switch(self.codecs, specs, ["rollout"])
-
     def _acting_version(self) -> int:
         # Without a copy the heads act as they are: trained iteration - 1 times.
         return self.acting_as if self.acting is not self.heads else \
@@ -258,29 +209,16 @@ class Learner:
     def end_rollout(self, msg: Message, g: int = 0) -> None:
         """Group ``g``'s last outcome and the value of the observation it bootstraps from."""
         ppo = self.settings.ppo
+        last = ppo.num_steps - 1
         with torch.no_grad():
-            self._record_outcome(ppo.num_steps - 1, msg, g)
-            rows = torch.arange(self.groups[g].start, self.groups[g].stop)
-            ctx = Context(envs=rows, global_step=self.global_step(ppo.num_steps, g))
-            x, slot = self._input(msg, ctx), self._slot(self.iteration)
-            self.last_values[slot][self.groups[g]] = self.acting.get_value(x)
-
-    def _record_outcome(self, step: int, msg: Message, g: int) -> None:
-        self._record_outcomes([(step, g, self._outcome(step, msg, g))])
-
-    def _record_outcomes(self, outcomes: list[tuple[int, int, tuple[torch.Tensor, ...]]]) -> None:
-        """Write `_outcome`s ((step, group, outcome) each) into the rollout buffer, all at once."""
-        if not outcomes:
-            return
-        steps, envs = rows_of([(step, g) for step, g, _ in outcomes], self.group_rows)
-        reward, terminated, truncated, final_values = (to_device(torch.cat(parts), self.device)
-                                                       for parts in zip(*(o for _, _, o in outcomes)))
-        self.buffer.add_outcome_rows(steps, envs, rewards=reward, terminated=terminated, truncated=truncated,
-                                     final_values=final_values)
+            self.rollouts.record_outcomes(self.iteration, [(last, g, self._outcome(last, msg, g))])
+            rows = self.groups.slices[g]
+            ctx = Context(envs=torch.arange(rows.start, rows.stop), global_step=self.global_step(ppo.num_steps, g))
+            self.rollouts.last_values[self.iteration][rows] = self.acting.get_value(self._input(msg, ctx))
 
     def _outcome(self, step: int, msg: Message, g: int) -> tuple[torch.Tensor, ...]:
         """Group ``g``'s (reward, terminated, truncated, final values) after step ``step``, as ``msg`` carries it."""
-        envs = self.groups[g]
+        envs = self.groups.slices[g]
 
         def final_values(index: torch.Tensor) -> torch.Tensor:
             ctx = Context(envs=index + envs.start, global_step=self.global_step(step + 1, g))
@@ -292,16 +230,15 @@ class Learner:
         """Advantages and returns of ``iteration``'s rollout (`splitrl.ppo.compute_gae`); its minibatch indices
         per epoch (as on stage0). Samples an older policy acted on are decoupled PPO's (`splitrl.stages.decoupled`);
         their values stay the acting network's, the baseline being the rescored values with ``--rescore``."""
-        ppo, slot = self.settings.ppo, self._slot(iteration)
+        ppo, stored = self.settings.ppo, self.rollouts
         self.train_iteration = iteration
         anneal(self.optimizer, ppo.lr_heads * ppo.lr_fraction(iteration, self.settings.num_iterations))
-        self.train_buffer = buffer = self.buffers[slot]
-        per_iteration = self.settings.versions_per_iteration
-        lag = (iteration - 1) * per_iteration - self.versions[slot]  # in versions: iterations, or epochs
+        buffer, per_iteration = self.train_buffer, self.settings.versions_per_iteration
+        lag = (iteration - 1) * per_iteration - stored.versions[iteration]  # in versions: iterations, or epochs
         rescored = self.decoupled.rescored is not None
-        weights, baseline = self.decoupled.begin(iteration, lag, buffer,
-                                                 lambda: self.update.score_stored(self.inputs[slot], buffer.actions))
-        buffer.finish(self.last_values[slot], ppo.gamma, ppo.gae_lambda, weights, baseline)
+        weights, baseline = self.decoupled.begin(
+            iteration, lag, buffer, lambda: self.update.score_stored(stored.inputs[iteration], buffer.actions))
+        buffer.finish(stored.last_values[iteration], ppo.gamma, ppo.gae_lambda, weights, baseline)
         # Now, not at the iteration's end: by then the next rollout may be writing this slot.
         self.rollout_stats = {"losses/explained_variance": explained_variance(buffer.b_values, buffer.b_returns)}
         if self.acting is not self.heads:
@@ -310,21 +247,14 @@ class Learner:
             if weights is not None:  # how far the lagging samples' policy is from the one that trains
                 self.rollout_stats["async/weight_mean"] = float(weights[lag > 0].mean())
         if not rescored:  # (a rescore set them up already: stage0 encoded it with them)
-            self._training_codecs(iteration)
+            self.tuning.begin_training(iteration)
         return minibatch_schedule(self.settings.seed, iteration, ppo.epochs, buffer.batch_size, ppo.minibatches)
-
-    def _training_codecs(self, iteration: int) -> None:
-        """The training streams' codecs as ``iteration``'s training runs them, from its rescore if there is one
-        (`begin_rescore`), else from `begin_training`."""
-        self.codecs.new_iteration("fwd", "bwd")
-        if iteration in self.announced:
-            self.exchange = switch(self.codecs, self.announced.pop(iteration), TRAINING)
 
     def begin_rescore(self, iteration: int) -> None:
         """``--rescore``: score ``iteration``'s rollout again with the heads as they start its training, sample by
-        sample (`rescore`, before `begin_training`)."""
-        self._training_codecs(iteration)
-        self.decoupled.rescored = Rescore(iteration, self.buffers[self._slot(iteration)].batch_size, self.device)
+        sample (`rescore`, before `begin_training`); the training codecs start ``iteration`` now."""
+        self.tuning.begin_training(iteration)
+        self.decoupled.rescored = Rescore(iteration, self.rollouts.buffers[iteration].batch_size, self.device)
 
     @property
     def rescore_step(self) -> int:
@@ -338,14 +268,14 @@ class Learner:
         stored inputs)."""
         rescored = self.decoupled.rescored
         assert rescored is not None
-        buffer = self.buffers[self._slot(rescored.iteration)]
+        buffer = self.rollouts.buffers[rescored.iteration]
         rescored.set(idx, *self.update.score(x, buffer.actions.reshape((-1,) + buffer.action_shape)[idx]))
 
     def rescore_stored(self, chunks: list[torch.Tensor]) -> None:
         """`rescore` every sample from its stored input, in ``chunks`` of indices (the cut before the first
         layer: stage1 holds the whole network, nothing crosses the link)."""
         assert self.decoupled.rescored is not None and self.trains_alone
-        flat = self.inputs[self._slot(self.decoupled.rescored.iteration)].reshape((-1,) + self.spec.row_shape)
+        flat = self.rollouts.flat_inputs(self.decoupled.rescored.iteration)
         for idx in chunks:
             self.rescore(idx, flat[idx])
 
@@ -362,7 +292,7 @@ class Learner:
     def train_alone(self, minibatches: list[torch.Tensor]) -> bool:
         """One epoch on the stored rollout inputs (the cut before the first layer: no traffic); whether to stop
         here (`stop_early`)."""
-        flat = self.inputs[self._slot(self.train_iteration)].reshape((-1,) + self.spec.row_shape)
+        flat = self.rollouts.flat_inputs(self.train_iteration)
         for idx in minibatches:
             self.loss(idx, *self.heads.outputs(flat[idx])).backward()
             self.optimizer_step()

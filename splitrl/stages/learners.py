@@ -203,13 +203,13 @@ class Learners:
         filled; the others are zeroed here and filled by the sum (`Learner.buffer`, its bootstrap values)."""
         if self.alone:
             return
-        buffer, slot = learner.buffer, learner._slot(learner.iteration)
+        buffer = learner.buffer
         others = torch.ones(buffer.num_envs, dtype=torch.bool)
         others[envs] = False
         parts = [buffer.actions, buffer.logprobs, buffer.values, buffer.rewards, buffer.terminated,
                  buffer.truncated, buffer.final_values]
         for t in parts:
             t[:, others] = 0
-        last = learner.last_values[slot]
+        last = learner.rollouts.last_values[learner.iteration]
         last[others] = 0
         self.sum_(parts + [last])

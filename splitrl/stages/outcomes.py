@@ -1,5 +1,5 @@
 """Stage1's reading of a group's outcome (reward, termination, truncation, the value to bootstrap a truncated
-episode from), which rides on the group's next step message, and where a group's rows lie in the rollout batch."""
+episode from), which rides on the group's next step message."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from ..transport import Message, ProtocolError
 from .protocol import tensor
 
-__all__ = ["read_outcome", "rows_of"]
+__all__ = ["read_outcome"]
 
 
 def read_outcome(msg: Message, envs: slice, final_values: Callable[[torch.Tensor], torch.Tensor],
@@ -30,14 +30,3 @@ def read_outcome(msg: Message, envs: slice, final_values: Callable[[torch.Tensor
         values[index] = final_values(index)
     return reward, terminated, truncated, values
 
-
-def rows_of(parts: list[tuple[int, int]], group_rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(step, env) index tensors of the rows of ``parts`` ((step, group) each), in that order; ``group_rows``:
-    each group's env indices (every group as wide)."""
-    if len(parts) == 1:
-        t, g = parts[0]
-        rows = group_rows[g]
-        return torch.full((len(rows),), t), rows
-    size = len(group_rows[0])
-    return (torch.tensor([t for t, _ in parts]).repeat_interleave(size),
-            torch.cat([group_rows[g] for _, g in parts]))

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from splitrl.launch import free_port
-from splitrl.runs import load_checkpoint, summarise_run
+from splitrl.runs import load_checkpoint
 from splitrl.settings import PPOSettings
+from splitrl.summary import summarise_run
 
 from ..conftest import WarmProc
 from .test_schedules import TWO_ENVS, _twin

@@ -93,7 +93,7 @@ def test_samples_an_older_policy_acted_on_are_scored_with_their_indices(spec):
     learner.publish()
     second = torch.rand(5, 2, learner.feature_dim, generator=g)
     rollout(2, second, adopt_at=2)
-    b = learner.buffers[0]
+    b = learner.rollouts.buffers[0]
     behaviour = b.logprobs.clone()
     learner.begin_training(2)
     with torch.no_grad():

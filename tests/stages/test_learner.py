@@ -40,7 +40,7 @@ def test_samples_an_older_policy_acted_on_are_weighted_by_the_one_that_trains_an
 
     second = torch.rand(5, 2, 4096, generator=g)
     _rollout(learner, 2, second, adopt_at=2)  # steps 0 and 1 acted by version 0, steps 2 and 3 by version 1
-    b = learner.buffers[0]
+    b = learner.rollouts.buffers[0]
     behaviour_logprobs, behaviour_values = b.logprobs.clone(), b.values.clone()
     learner.begin_training(2)
     assert learner.rollout_stats["async/staleness_mean"] == 0.5
@@ -60,9 +60,10 @@ def test_samples_an_older_policy_acted_on_are_weighted_by_the_one_that_trains_an
     weights = torch.ones(4, 2)
     weights[:2] = (logprob[:2] - behaviour_logprobs[:2]).exp().clamp(max=1.0)
     assert bool((weights[:2] < 1).any())  # the policy moved: some weights bite
-    torch.testing.assert_close(learner.last_values[0], last_value)  # bootstrapped by version 1, the current one
+    # Bootstrapped by version 1, the current one.
+    torch.testing.assert_close(learner.rollouts.last_values[0], last_value)
     advantages, returns = compute_gae(b.rewards, b.values, b.terminated, b.truncated, b.final_values,
-                                      learner.last_values[0], 0.99, 0.95, weights)
+                                      learner.rollouts.last_values[0], 0.99, 0.95, weights)
     torch.testing.assert_close(b.advantages, advantages)
     torch.testing.assert_close(b.returns, returns)
 
@@ -75,14 +76,14 @@ def test_samples_an_older_policy_acted_on_are_weighted_by_the_one_that_trains_an
         learner.heads.critic[-1].bias.add_(3.0)
         loss = learner.loss(torch.arange(8), *learner.heads.outputs(second[:4].reshape(8, 4096)))
     assert abs(learner.stats["losses/approx_kl"][-1]) < 1e-6 and learner.stats["losses/clipfrac"][-1] == 0.0
-    torch.testing.assert_close(learner.proximal[:4], logprob[:2].reshape(-1))  # t = 0, 1: the lagging ones
-    assert learner.lagging.tolist() == [True] * 4 + [False] * 4
+    torch.testing.assert_close(learner.decoupled.proximal[:4], logprob[:2].reshape(-1))  # t = 0, 1: the lagging ones
+    assert learner.decoupled.lagging.tolist() == [True] * 4 + [False] * 4
     assert torch.isfinite(loss)
     # Their value clip is centred on the proximal values too: a first look is not clipped at all, while the others
     # are clipped against the values the acting network gave.
     with torch.no_grad():
         new_values = learner.heads.outputs(second[:4].reshape(8, 4096))[1]
-    torch.testing.assert_close(learner.proximal_values[:4], new_values[:4])
+    torch.testing.assert_close(learner.decoupled.proximal_values[:4], new_values[:4])
     centre = torch.cat([new_values[:4], behaviour_values.reshape(-1)[4:8]])
     clipped = centre + (new_values - centre).clamp(-0.2, 0.2)
     targets = b.returns.reshape(-1)[:8]

@@ -36,7 +36,7 @@ def test_with_the_cut_at_the_input_the_observations_cross_as_they_are_and_are_co
         edge.begin_rollout(1)
         learner.begin_rollout(1)
         for t in range(3):
-            raw = edge.next_obs[0]
+            raw = edge.envs.next_obs[0]
             tensors, header = edge.observe(t)
             sent = tensors["features"]
             assert sent.dtype == dtype and sent.shape == (2, *row)
@@ -48,7 +48,7 @@ def test_with_the_cut_at_the_input_the_observations_cross_as_they_are_and_are_co
             assert wire.frame_nbytes(frames[1 + list(tensors).index("features")]) == 2 * int(np.prod(row)) * (
                 4 if dtype == torch.float32 else 1)
             action, _ = learner.act(t, wire.decode(frames))
-            assert torch.equal(learner.inputs[0][t], sent)  # stage1 keeps what it was sent, exactly
+            assert torch.equal(learner.rollouts.inputs[0][t], sent)  # stage1 keeps what it was sent, exactly
             edge.step(Message("action", {}, action))
     finally:
         edge.close()

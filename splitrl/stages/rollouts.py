@@ -1,0 +1,119 @@
+"""Where the stages keep their rollouts: several at once (`Slots`), each written by env groups that step in turn
+(`Groups`); stage1's whole store (`Rollouts`).
+
+Iteration i's rollout lives in slot ``i % slots``: with two, the asynchronous schedule collects the next rollout
+in one while the other trains. The envs may be cut into equal groups that step in turn (the pipelined schedule's
+``plan``); each group writes its own envs' columns. Stage0 keeps each rollout's observations (`splitrl.stages.edge`);
+stage1 what PPO needs of each sample, as the module's `Rollouts` says.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, TypeVar
+
+import torch
+
+from ..devices import to_device
+from ..envs import EnvSpec
+from ..ppo import RolloutBuffer
+from ..settings import TrainSettings
+
+__all__ = ["Groups", "Rollouts", "Slots"]
+
+T = TypeVar("T")
+
+
+class Slots(Generic[T]):
+    """One ``T`` per rollout stored at once (``make()`` each), looked up by iteration."""
+
+    def __init__(self, slots: int, make: Callable[[], T]) -> None:
+        self.items = [make() for _ in range(slots)]
+
+    def __getitem__(self, iteration: int) -> T:
+        return self.items[iteration % len(self.items)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+class Groups:
+    """``num_envs`` envs cut into ``groups`` equal groups that step in turn."""
+
+    def __init__(self, num_envs: int, groups: int = 1) -> None:
+        if groups < 1 or num_envs % groups:
+            raise ValueError(f"{num_envs} envs do not split into {groups} equal groups")
+        self.num_envs, self.size = num_envs, num_envs // groups
+        self.slices = [slice(g * self.size, (g + 1) * self.size) for g in range(groups)]
+        """Each group's envs in the rollout batch, as a slice."""
+        self.rows = [torch.arange(g * self.size, (g + 1) * self.size) for g in range(groups)]
+        """Each group's env indices in the rollout batch, as a tensor."""
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def steps_before(self, t: int, g: int) -> int:
+        """The iteration's env steps taken when group ``g``'s step ``t`` is encoded.
+
+        The groups step in order (`splitrl.schedule.pipelined`): before step t + 1 of group g, every
+        group has taken t steps and groups 0 .. g one more."""
+        return 0 if t == 0 else (t - 1) * self.num_envs + (g + 1) * self.size
+
+    def rows_of(self, parts: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(step, env) index tensors of the rows of ``parts`` ((step, group) each), in that order."""
+        if len(parts) == 1:
+            t, g = parts[0]
+            rows = self.rows[g]
+            return torch.full((len(rows),), t), rows
+        return (torch.tensor([t for t, _ in parts]).repeat_interleave(self.size),
+                torch.cat([self.rows[g] for _, g in parts]))
+
+
+class Rollouts:
+    """Stage1's rollouts: for each sample, what PPO needs (`RolloutBuffer`), the policy version that acted on it
+    and, if ``inputs`` ((shape, dtype) of one sample's) is given, what stage0 sent for it; for each env, the value
+    its rollout bootstraps from; the envs' `groups`."""
+
+    def __init__(self, settings: TrainSettings, spec: EnvSpec, slots: int,
+                 inputs: tuple[tuple[int, ...], torch.dtype] | None, device: torch.device) -> None:
+        n, t = settings.env.num_envs, settings.ppo.num_steps
+        self.steps_per_iteration = settings.steps_per_iteration
+        self.device = device
+        self.buffers = Slots(slots, lambda: RolloutBuffer(t, n, spec.action_dim, spec.discrete, device))
+        self.inputs = (Slots(slots, lambda: torch.zeros((t, n) + inputs[0], dtype=inputs[1], device=device))
+                       if inputs else None)
+        self.versions = Slots(slots, lambda: torch.zeros((t, n), dtype=torch.int64, device=device))
+        """The policy version that acted on each sample: training iterations done before it, or epochs with
+        --publish epoch (`TrainSettings.versions_per_iteration`)."""
+        self.last_values = Slots(slots, lambda: torch.zeros(n, device=device))
+        self.groups = Groups(n)
+
+    def global_step(self, iteration: int, t: int = 0, g: int = 0) -> int:
+        """stage0's env-step count when it encoded group ``g``'s step ``t`` of ``iteration`` (`Groups.steps_before`)."""
+        return (iteration - 1) * self.steps_per_iteration + self.groups.steps_before(t, g)
+
+    def flat_inputs(self, iteration: int) -> torch.Tensor:
+        """``iteration``'s stored inputs, one row per sample (t * num_envs + env)."""
+        assert self.inputs is not None
+        inputs = self.inputs[iteration]
+        return inputs.reshape((-1,) + inputs.shape[2:])
+
+    def store(self, iteration: int, parts: list[tuple[int, int]], x: torch.Tensor, version: int, *,
+              actions: torch.Tensor, logprobs: torch.Tensor, values: torch.Tensor) -> None:
+        """What the policy ``version`` did on inputs ``x`` at the steps of ``parts`` ((step, group) each)."""
+        at, envs = self.groups.rows_of(parts)
+        self.buffers[iteration].add_rows(at, envs, actions=actions, logprobs=logprobs, values=values)
+        if self.inputs is not None:
+            self.inputs[iteration][at, envs] = x
+        self.versions[iteration][at, envs] = version
+
+    def record_outcomes(self, iteration: int, outcomes: list[tuple[int, int, tuple[torch.Tensor, ...]]]) -> None:
+        """Outcomes ((step, group, (reward, terminated, truncated, final values)) each, as
+        `splitrl.stages.outcomes.read_outcome` reads them) into the
+        rollout's buffer, all at once."""
+        if not outcomes:
+            return
+        steps, envs = self.groups.rows_of([(step, g) for step, g, _ in outcomes])
+        reward, terminated, truncated, final_values = (to_device(torch.cat(parts), self.device)
+                                                       for parts in zip(*(o for _, _, o in outcomes)))
+        self.buffers[iteration].add_outcome_rows(steps, envs, rewards=reward, terminated=terminated,
+                                                 truncated=truncated, final_values=final_values)
