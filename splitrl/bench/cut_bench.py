@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..launch import progress
-from ..runs import summarise_run
+from ..summary import summarise_run
 
 __all__ = ["MODELS", "WORKLOAD", "run_cut_bench", "cut_rows", "check_cuts", "cut_table"]
 
