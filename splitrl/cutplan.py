@@ -6,10 +6,12 @@ link), asked of a training run, where what crosses is paid on every env step and
 candidate cut's plan (`splitrl.plan.predict`, the run's schedule) takes, from a measured synchronous run at one
 cut (`splitrl.plan.calibrate`):
 
-- compute: the candidate's two halves timed here (`splitrl.plan.Timings`), at the level the measured run found
-  for the machine each half runs on (`splitrl.plan.levels`: a split run across the real edge and server carries
-  each one's speed), divided by ``edge_speed`` / ``server_speed`` (each machine's speed over the one that ran
-  that stage in the measured run: 0.25, an edge four times slower). The env steps on the edge.
+- compute: what each stage spent beyond its networks in the measured run (the loop, the codecs, the framing, the
+  loss: `splitrl.plan.calibrate`'s compute less the measured cut's networks timed here) carries over as it
+  is, and the candidate's two halves are timed here (`splitrl.plan.Timings`), divided by ``edge_speed`` /
+  ``server_speed``: each machine's speed over the measured run's, which is taken to be this one (0.25: an
+  edge four times slower; the env steps on the edge too). A level per stage, as `calibrate` scales one cut's networks, would scale the server's
+  whole network at the input by what its loop cost around the heads alone.
 - bytes: each training stream's bytes per value crossing the measured cut, times the values crossing the
   candidate's (the codecs' rate per value carries over; a data-dependent codec's only roughly). At the input the
   observation crosses as it is (uint8 frames a byte a value) once a step, and training sends nothing: stage1
@@ -27,8 +29,7 @@ import numpy as np
 
 from .errors import SettingsError
 from . import plan as planner
-from .plan import Link, Plan, Timings, _batches, calibrate, levels, load_run, predict
-from .runs import measured_records, read_metrics
+from .plan import Link, Plan, Timings, _batches, calibrate, load_run, predict
 
 if TYPE_CHECKING:
     from .envs import EnvSpec
@@ -68,8 +69,11 @@ def plan_cuts(settings: "TrainSettings", run_dir: str | Path, link: Link, *, vec
     base = dataclasses.replace(settings, cut=measured.settings.cut)
     cal_timings = timed(measured.settings)  # the measured cut's network, as `calibrate` times it for ``base``
     rates = calibrate(run_dir, base, threads=threads, measured_link=measured_link, timings=cal_timings)
-    level0, level1 = levels(measured, measured_records(read_metrics(run_dir), skip_last=True), cal_timings)
     per_group, _, minibatch = _batches(settings)
+    (cal_act0, cal_act1), (cal_train0, cal_train1) = (cal_timings.act(threads, per_group),
+                                                      cal_timings.train(threads, minibatch))
+    beyond = dict(act0=max(0.0, rates.act0 - cal_act0), act1=max(0.0, rates.act1 - cal_act1),
+                  train0=max(0.0, rates.train0 - cal_train0), train1=max(0.0, rates.train1 - cal_train1))
     observation_bytes = float(np.prod(spec.row_shape)) * np.dtype(spec.row_dtype).itemsize
     out = []
     for cut in values:
@@ -82,9 +86,9 @@ def plan_cuts(settings: "TrainSettings", run_dir: str | Path, link: Link, *, vec
                   dict(up_step=rates.up_step * scale, up_sample=rates.up_sample * scale,
                        down_sample=rates.down_sample * scale))
         cut_rates = dataclasses.replace(
-            rates, env_step=rates.env_step / edge_speed, act0=level0 * act0 / edge_speed,
-            act1=level1 * act1 / server_speed, train0=level0 * train0 / edge_speed,
-            train1=level1 * train1 / server_speed, **stream)
+            rates, env_step=rates.env_step / edge_speed, act0=beyond["act0"] + act0 / edge_speed,
+            act1=beyond["act1"] + act1 / server_speed, train0=beyond["train0"] + train0 / edge_speed,
+            train1=beyond["train1"] + train1 / server_speed, **stream)
         out.append(CutPlan(cut, sent, predict(candidate, cut_rates, link, vector=vector)))
     return sorted(out, key=lambda p: p.plan.seconds)
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .errors import SettingsError
+from .netem.shaping import tbf_sizes
 from .netem.tc import FRAME_BYTES, MSS_BYTES
 from .runs import iteration_bytes, measured_records, read_metrics, run_config
 
@@ -85,10 +86,22 @@ class Link:
     """Cores of each machine."""
     shared: bool = True
     """Both stages (and the env workers) on the same machine's cores, as in every bench on one host."""
+    burst: float = 0.0
+    """Bytes (as tc counts them) the shaper lets through at once after an idle spell: tbf's bucket, which fills
+    at the rate while the link is idle (`shaped`); 0: a link that never sends above its rate."""
 
-    def transfer(self, nbytes: float, per_byte: float = 0.0) -> float:
+    @classmethod
+    def shaped(cls, rate: float, rtt: float = 0.0, **kwargs: Any) -> "Link":
+        """The link `splitrl netem` and the lab make: ``rate`` bits/s through tbf with its bucket
+        (`splitrl.netem.shaping.tbf_sizes`)."""
+        return cls(rate=rate, rtt=rtt, burst=float(tbf_sizes(int(rate))[0]) if rate else 0.0, **kwargs)
+
+    def transfer(self, nbytes: float, per_byte: float = 0.0, idle: float = 0.0) -> float:
+        """Seconds ``nbytes`` of ours take beyond what the link did for them while idle ``idle`` seconds before
+        (the bucket's tokens: a message that fits them leaves at once)."""
         rate = self.rate * TCP_GOODPUT / 8 if self.rate else math.inf
-        return nbytes / rate + nbytes * per_byte
+        saved = min(self.burst * TCP_GOODPUT, idle * rate)
+        return max(0.0, nbytes - saved) / rate + nbytes * per_byte
 
 
 @dataclass(frozen=True)
@@ -307,14 +320,17 @@ def predict(settings: "TrainSettings", rates: Rates, link: Link, *, vector: str 
     micro = settings.schedule.microbatches
     cores = link.cores
 
-    def xfer(nbytes: float) -> float:
-        return link.transfer(nbytes, rates.per_byte)
+    def xfer(nbytes: float, idle: float = 0.0) -> float:
+        return link.transfer(nbytes, rates.per_byte, idle)
 
-    # The rollout, per vector step (every env once).
+    # The rollout, per vector step (every env once). Each way the link idles while the rest of the cycle runs:
+    # a shaper's bucket fills meanwhile, and a step's message that fits it leaves at once.
     in_process = vector == "sync"
     env_group = rates.env_step * (per_group if in_process else max(1.0, per_group / cores))
-    up, down = xfer(per_group * rates.up_step), xfer(per_group * rates.down_step)
-    cycle = env_group + rates.act0 + rates.act1 + link.rtt + up + down
+    rest = env_group + rates.act0 + rates.act1 + link.rtt
+    up = xfer(per_group * rates.up_step, rest + xfer(per_group * rates.down_step, rest))
+    down = xfer(per_group * rates.down_step, rest + up)
+    cycle = rest + up + down
     stage0_share = groups * (rates.act0 + (rates.env_step * per_group if in_process else 0.0))
     stage1_share = groups * rates.act1
     env_cpu = envs * rates.env_step

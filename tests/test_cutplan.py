@@ -3,6 +3,7 @@ bytes from the values crossing it; the refusals; the command's ranking."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -21,7 +22,8 @@ RUN = load_run(SYNC_RUN)  # the paper's network on 96 x 96 frames, cut after the
 
 class LayeredTimings(Timings):
     """Timings without the clock: each half costs in proportion to the values its layers hand on (a stand-in for
-    per-layer compute, so moving the cut moves compute between the stages)."""
+    per-layer compute, so moving the cut moves compute between the stages); less than the measured run spent,
+    which also paid for its loop, codecs and framing."""
 
     known: dict[str, tuple[int, bool]] = {}
 
@@ -34,10 +36,10 @@ class LayeredTimings(Timings):
         return 0.0 if self.observation else 1.0 - self.sent / 36_864 / 2  # more values handed on: less done
 
     def act(self, threads: int, batch: int) -> tuple[float, float]:
-        return 1e-3 * batch * self._share(), 1e-3 * batch * (1.2 - self._share())
+        return 1e-4 * batch * self._share(), 1e-4 * batch * (1.2 - self._share())
 
     def train(self, threads: int, minibatch: int) -> tuple[float, float]:
-        return 3e-3 * minibatch * self._share(), 3e-3 * minibatch * (1.2 - self._share())
+        return 3e-4 * minibatch * self._share(), 3e-4 * minibatch * (1.2 - self._share())
 
 
 def _plans(link: Link, **kwargs):
@@ -72,7 +74,10 @@ def test_a_thin_link_ranks_the_observation_first_and_a_slow_edge_moves_the_cut_t
     # At the input the edge computes nothing but the env: only the env steps slow down.
     assert slow["input"].plan.training == pytest.approx(fast["input"].plan.training)
     faster = _plans(Link(), server_speed=4.0)
-    assert faster["input"].plan.training == pytest.approx(fast["input"].plan.training / 4, rel=0.05)
+    # A server four times faster runs the whole network (timed here) in a quarter of the time; what the measured
+    # run's stage1 spent beyond its networks carries over as it was.
+    network = 10 * 32 * LayeredTimings(dataclasses.replace(RUN.settings, cut="input")).train(0, 128)[1]
+    assert faster["input"].plan.training == pytest.approx(fast["input"].plan.training - network * 3 / 4)
 
 
 def test_what_cannot_be_planned_is_refused(tmp_path):

@@ -206,3 +206,14 @@ def test_a_minibatch_in_micro_batches_overlaps_the_stages():
     # Never below stage0's own work, nor below the longer link direction.
     assert minibatch_seconds(3.0, 1.8, 0.0, 0.0, 0.0, 64) >= 3.0
     assert minibatch_seconds(0.1, 0.1, 5.0, 1.0, 0.0, 64) >= 5.0
+
+
+def test_a_shapers_bucket_lets_a_message_that_fits_it_through_after_an_idle_spell():
+    link = Link.shaped(10e6)  # tbf's bucket at 10 Mbit/s: 32 KiB
+    rate = 10e6 * TCP_GOODPUT / 8
+    assert link.burst == 32 * 1024
+    assert link.transfer(20_000, idle=0.1) == 0.0  # 0.1 s idle filled the bucket; the message fits it
+    assert link.transfer(20_000, idle=0.004) == pytest.approx((20_000 - 0.004 * rate) / rate)  # partly filled
+    assert link.transfer(100_000, idle=1.0) == pytest.approx((100_000 - 32 * 1024 * TCP_GOODPUT) / rate)
+    assert link.transfer(100_000) == pytest.approx(100_000 / rate) == Link(rate=10e6).transfer(100_000, idle=1.0)
+    assert Link.shaped(0.0) == Link()

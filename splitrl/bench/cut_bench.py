@@ -11,6 +11,7 @@ measured time within 10 % of the best, and every prediction within 20 % of its m
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -62,6 +63,7 @@ def run_cut_bench(models: Sequence[str] = tuple(MODELS), rates: Sequence[str] = 
                     result = run_lab(args, str(run_dir), Shaping.parse(rate, "0ms"), measure_bytes=0, echo=echo)
                 if result.code != 0:
                     raise RuntimeError(f"{run_dir.name} failed in the lab (exits {result.codes}); logs in {run_dir}")
+                shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # records are what the bench reads
     return base
 
 
@@ -92,10 +94,10 @@ def cut_rows(out_dir: str | Path, models: Sequence[str] = tuple(MODELS),
             return cache.setdefault(settings.cut, Timings(settings, spec))
 
         for rate in rates:
-            link = Link(rate=parse_rate(rate), rtt=_rtt(reference))
+            link = Link.shaped(parse_rate(rate), _rtt(reference))
             plans = {p.cut: p for p in plan_cuts(measured.settings, reference, link, vector=measured.vector,
                                                  threads=measured.threads, only=cuts,
-                                                 measured_link=Link(rate=parse_rate(fastest), rtt=_rtt(reference)),
+                                                 measured_link=Link.shaped(parse_rate(fastest), _rtt(reference)),
                                                  timings=timed)}
             ranked = list(plans)  # fastest predicted first
             for cut in cuts:

@@ -67,7 +67,7 @@ def check_plan(checks: Sequence[Check] = CHECKS, *, root: str | Path = ".",
             seen = rtts.get(rtt_ms)
             rtt = (sum(seen) / len(seen) if seen else rtt_ms) / 1000
             rate = r["rate"] if check.rate is None else check.rate if rtt_ms else ""
-            return rate or "loopback", Link(rate=parse_rate(rate) if rate else 0.0, rtt=rtt)
+            return rate or "loopback", Link.shaped(parse_rate(rate) if rate else 0.0, rtt)
 
         _, measured_link = shaped(reference)
         timings = None

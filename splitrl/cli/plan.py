@@ -53,8 +53,8 @@ def plan(settings: TrainSettings, options: RunOptions, calibration: str, bytes_f
 
     def go() -> None:
         settings.validate(options)
-        link = Link(rate=parse_rate(rate) if rate else 0.0, rtt=rtt / 1000, cores=cores, shared=not separate)
-        measured = Link(rate=parse_rate(measured_rate) if measured_rate else 0.0, rtt=measured_rtt / 1000)
+        link = Link.shaped(parse_rate(rate) if rate else 0.0, rtt / 1000, cores=cores, shared=not separate)
+        measured = Link.shaped(parse_rate(measured_rate) if measured_rate else 0.0, measured_rtt / 1000)
         vector = choose_vector(options.vector, settings.env.num_envs)
         timings = Timings(settings, load_run(calibration).spec)
         load = os.getloadavg()[0]
