@@ -231,7 +231,7 @@ def calibrate(run_dir: str | Path, target: "TrainSettings", *, threads: int, byt
     run = Path(run_dir)
     measured = load_run(run)
     cal = measured.settings
-    used = measured_records(read_metrics(run), skip_last=True)
+    used = typical(measured_records(read_metrics(run), skip_last=True))
     mean = lambda key: sum(float(r.get(key, 0.0)) for r in used) / len(used)  # noqa: E731
     if cal.schedule.mode != "sync":
         raise SettingsError(f"{run}: calibrate from a synchronous run (its phases are timed one at a time); "
@@ -269,6 +269,13 @@ def calibrate(run_dir: str | Path, target: "TrainSettings", *, threads: int, byt
                  act0=level0 * act0, act1=level1 * act1, train0=level0 * train0, train1=level1 * train1,
                  up_step=up_step, down_step=down_step, up_sample=up_sample, down_sample=down_sample,
                  other=max(0.0, other), per_byte=per_byte)
+
+
+def typical(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The measured iteration of median length (the shorter of two), whole: one iteration that a busy moment
+    of the machine slowed moves a mean, not this."""
+    ordered = sorted(records, key=lambda r: float(r.get("time/iteration", 0.0)))
+    return [ordered[(len(ordered) - 1) // 2]] if ordered else []
 
 
 def levels(measured: "RunConfig", used: Sequence[dict[str, Any]], timings: Timings) -> tuple[float, float]:

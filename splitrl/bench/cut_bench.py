@@ -2,8 +2,9 @@
 
 For each model, one split run per (cut, link rate) in the lab (`splitrl.lab`: two network namespaces and a
 tbf-shaped veth pair; needs root), the same small workload for all (`WORKLOAD`). The planner is calibrated on one
-of them, the model's default cut at the fastest rate (`splitrl.cutplan.plan_cuts`: its env steps, each stage's
-level and its bytes per value), and predicts every other row from its cut and its link alone. Per model and
+of them, the model's default cut at the fastest rate (`splitrl.cutplan.plan_cuts`: its env steps, what each
+stage spent beyond its networks, its bytes per value), and predicts every other row from its cut and its link alone. A run's figure is
+its measured iteration of median length (`splitrl.plan.typical`), as the calibration takes it. Per model and
 rate, the cut the planner ranks first is checked against the best measured one: the planner's target is a
 measured time within 10 % of the best, and every prediction within 20 % of its measured seconds per iteration.
 """
@@ -79,7 +80,8 @@ def cut_rows(out_dir: str | Path, models: Sequence[str] = tuple(MODELS),
     """Each run's measured row and its prediction, calibrated per model on its default cut at the fastest rate
     (the networks timed here: run it on an idle machine)."""
     from ..cutplan import plan_cuts
-    from ..plan import Link, Timings, load_run
+    from ..plan import Link, Timings, load_run, typical
+    from ..runs import measured_records, read_metrics
     from ..units import parse_rate
 
     rows: list[dict[str, Any]] = []
@@ -103,12 +105,13 @@ def cut_rows(out_dir: str | Path, models: Sequence[str] = tuple(MODELS),
             for cut in cuts:
                 run_dir = Path(out_dir) / _name(model, cut, rate)
                 summary = summarise_run(run_dir, skip_last=True)
+                seconds = typical(measured_records(read_metrics(run_dir), skip_last=True))[0]["time/iteration"]
                 samples = measured.settings.ppo.num_steps * measured.settings.env.num_envs
                 plan = plans[cut].plan
                 rows.append({
                     "model": model, "cut": cut, "rate": rate, "values": plans[cut].values,
-                    "measured_s": summary["seconds_per_iteration"], "predicted_s": plan.seconds,
-                    "error": plan.seconds / summary["seconds_per_iteration"] - 1,
+                    "measured_s": seconds, "mean_s": summary["seconds_per_iteration"], "predicted_s": plan.seconds,
+                    "error": plan.seconds / seconds - 1,
                     "measured_bytes_per_step": summary["bytes_per_iteration"] / samples,
                     "predicted_bytes_per_step": plan.bytes_per_step,
                     "rank": ranked.index(cut) + 1, "reference": run_dir == reference, "run_dir": str(run_dir),
