@@ -15,14 +15,14 @@ from typing import Any
 import torch
 
 from ..devices import to_device, to_host
-from .base import STREAMS, Codec, CodecError, Context, Encoded, Param
+from .base import STREAMS, Codec, CodecError, Context, Encoded, Layout, Param, fits
 from .delta import Delta, RolloutView
 from .dense import Bf16, Fp16, Fp32, Int8
 from .lossless import Frames, Zstd
 from .sparse import TopKErrorFeedback, Paper, ReluSparse
 
-__all__ = ["CODECS", "STREAMS", "Codec", "CodecError", "CodecSet", "Context", "Encoded", "Param", "RolloutView", "parse_codec",
-           "catalogue"]
+__all__ = ["CODECS", "STREAMS", "Codec", "CodecError", "CodecSet", "Context", "Encoded", "Layout", "Param",
+           "RolloutView", "fits", "parse_codec", "catalogue"]
 
 CODECS: dict[str, type[Codec]] = {
     c.name: c for c in (Fp32, Bf16, Fp16, Int8, ReluSparse, Delta, Paper, TopKErrorFeedback, Frames)
@@ -144,6 +144,17 @@ class CodecSet:
             self.observe_rollout(ctx, recon)
         return recon
 
+    def layout(self, stream: str, name: str, header: dict[str, Any], shape: tuple[int, ...],
+               dtype: torch.dtype) -> Layout:
+        """The message tensors that carry ``name``, a tensor of ``shape``/``dtype`` (`Codec.layout`, its parts named
+        as `pack` names them), as a message with ``header`` says; `CodecError` for metadata that cannot be right."""
+        meta = _meta(header, name)
+        try:
+            parts = self.codecs[stream].layout(tuple(shape), dtype, meta)
+        except CodecError as exc:
+            raise CodecError(f"tensor {name!r}: {exc}") from None
+        return {f"{name}.{key}" if key else name: spec for key, spec in parts.items()}
+
     def unpack(self, stream: str, name: str, tensors: dict[str, torch.Tensor], header: dict[str, Any],
                ctx: Context, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """Decode ``name`` from a received message, on the host, and hand it to `device`; `CodecError` if it does
@@ -153,10 +164,7 @@ class CodecSet:
         parts = {k[len(prefix):]: t for k, t in tensors.items() if k.startswith(prefix)}
         if name in tensors:
             parts[""] = tensors[name]
-        meta = header.get("codec", {})
-        meta = meta.get(name, {}) if isinstance(meta, dict) else None
-        if not isinstance(meta, dict):
-            raise CodecError(f"header 'codec' -> {name!r} must be a map")
+        meta = _meta(header, name)
         try:
             x = self.codecs[stream].decode(parts, meta, ctx, tuple(shape), dtype)
         except CodecError as exc:
@@ -172,6 +180,15 @@ class CodecSet:
             self.codecs["fwd"].observe(ctx.idx, x)
             if self._view is not None:
                 self._view.observe(ctx.idx, x)
+
+
+def _meta(header: dict[str, Any], name: str) -> dict[str, Any]:
+    """The codec's metadata for tensor ``name`` in a message's ``header``; `CodecError` if it is no map."""
+    meta = header.get("codec", {})
+    meta = meta.get(name, {}) if isinstance(meta, dict) else None
+    if not isinstance(meta, dict):
+        raise CodecError(f"header 'codec' -> {name!r} must be a map")
+    return meta
 
 
 def _on_host(ctx: Context) -> Context:

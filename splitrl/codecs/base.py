@@ -21,7 +21,7 @@ import torch
 
 from ..transport.errors import ProtocolError
 
-__all__ = ["STREAMS", "Context", "Encoded", "Codec", "CodecError", "Param", "part"]
+__all__ = ["STREAMS", "Context", "Encoded", "Codec", "CodecError", "Layout", "Param", "fits", "part"]
 
 STREAMS = ("rollout", "fwd", "bwd")
 """rollout: features during the rollout; fwd: features of each training minibatch;
@@ -30,6 +30,16 @@ bwd: the gradient of the loss with respect to those features."""
 
 class CodecError(ProtocolError):
     """A codec's parts do not decode: wrong names, shapes, dtypes or values."""
+
+
+Layout = dict[str, tuple[torch.dtype, tuple[int | None, ...]]]
+"""Tensors by name (a codec's parts, a message's tensors): each one's dtype and shape, ``None`` for a dimension
+whose size depends on the values."""
+
+
+def fits(shape: Any, dims: tuple[int | None, ...]) -> bool:
+    """Whether ``shape`` (a tensor's, or a list a peer sent) is ``dims``, ``None`` there matching any size."""
+    return len(shape) == len(dims) and all(want is None or got == want for got, want in zip(shape, dims))
 
 
 @dataclass
@@ -98,6 +108,12 @@ class Codec(ABC):
 
         Raises `CodecError` for parts that do not fit, before touching the state.
         """
+
+    @abstractmethod
+    def layout(self, shape: tuple[int, ...], dtype: torch.dtype, meta: dict[str, Any]) -> Layout:
+        """The parts `encode` makes of a tensor of ``shape``/``dtype``, given the ``meta`` that came with them: what
+        a receiver can check before it decodes anything (a fleet's stage1 at its door, `splitrl.stages.door`).
+        Cheap, no state; `decode` checks the rest (the values, the sizes only they tell)."""
 
     def observe(self, idx: torch.Tensor, x: torch.Tensor) -> None:
         """The rollout features of samples ``idx`` as stage1 sees them (the delta cache)."""

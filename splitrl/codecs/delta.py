@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from .base import Codec, CodecError, Context, Encoded, Param, part
+from .base import Codec, CodecError, Context, Encoded, Layout, Param, part
 from .dense import VALUE_DTYPES, dequantise8, quantise8
-from .sparse import pack_selected, unpack_selected
+from .sparse import pack_selected, selected_layout, unpack_selected
 
 __all__ = ["Delta", "RolloutView"]
 
@@ -104,6 +104,16 @@ class Delta(Codec):
         self.cache.view[ctx.idx] = new
         enc.recon = new.reshape(shape)
         return enc
+
+    def layout(self, shape, dtype, meta) -> Layout:
+        rows = (shape[0], math.prod(shape[1:]))  # the cached view's rows: one per sample
+        if self.q == "none":
+            return {}
+        if self.q == "int8":
+            return {"q": (torch.int8, rows), "s": (torch.float32, rows[:1])}
+        if self.q == "topk":
+            return selected_layout(rows, meta, math.prod(rows), "int8", self.name)
+        return {"d": (VALUE_DTYPES[self.q], rows)}
 
     def decode(self, parts, meta, ctx, shape, dtype) -> torch.Tensor:
         base = self._base(ctx, shape)

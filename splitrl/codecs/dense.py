@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .base import Codec, CodecError, Context, Encoded, part
+from .base import Codec, CodecError, Context, Encoded, Layout, part
 
 __all__ = ["Cast", "Fp32", "Bf16", "Fp16", "Int8", "quantise8", "dequantise8", "row_scales", "encode8", "decode8", "check_meta_int", "VALUE_DTYPES"]
 
@@ -23,6 +23,9 @@ class Cast(Codec):
             return Encoded({"": x}, recon=x)
         sent = x.detach().to(self.wire)
         return Encoded({"": sent}, recon=sent.to(x.dtype))
+
+    def layout(self, shape, dtype, meta) -> Layout:
+        return {"": (self.wire if dtype.is_floating_point else dtype, tuple(shape))}
 
     def decode(self, parts, meta, ctx, shape, dtype) -> torch.Tensor:
         wire = self.wire if dtype.is_floating_point else dtype
@@ -92,6 +95,9 @@ class Int8(Codec):
         rows = _rows(tuple(x.shape))
         codes, scale = quantise8(x.reshape(rows, -1))
         return Encoded({"q": codes.reshape(x.shape), "s": scale}, recon=dequantise8(codes, scale).reshape(x.shape))
+
+    def layout(self, shape, dtype, meta) -> Layout:
+        return {"q": (torch.int8, tuple(shape)), "s": (torch.float32, (_rows(shape),))}
 
     def decode(self, parts, meta, ctx, shape, dtype) -> torch.Tensor:
         rows = _rows(shape)

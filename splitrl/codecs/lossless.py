@@ -8,8 +8,9 @@ from typing import Any
 import torch
 import zstandard
 
+from ..transport.errors import peer_repr
 from ..transport.wire import DTYPES
-from .base import Codec, CodecError, Context, Encoded, Param, part
+from .base import Codec, CodecError, Context, Encoded, Layout, Param, fits, part
 
 __all__ = ["Zstd", "Frames", "compress", "decompress"]
 
@@ -84,6 +85,20 @@ class Zstd(Codec):
         parts = {k: compress(t, self.level) for k, t in enc.tensors.items()}
         return Encoded(parts, {**enc.meta, "z": layout}, enc.recon)
 
+    def layout(self, shape, dtype, meta) -> Layout:
+        inner = self.inner.layout(shape, dtype, {k: v for k, v in meta.items() if k != "z"})
+        claimed = meta.get("z")  # the inner parts' dtypes and shapes, which must be the inner codec's
+        if not isinstance(claimed, dict) or set(claimed) != set(inner):
+            raise CodecError(f"codec 'zstd': header 'z' must name the parts {sorted(inner)}, got "
+                             f"{peer_repr(claimed)}")
+        for key, (dt, dims) in inner.items():
+            spec = claimed[key]
+            if not (isinstance(spec, list) and len(spec) == 2 and spec[0] == _DTYPE_NAMES[dt]
+                    and isinstance(spec[1], list) and fits(spec[1], dims)):
+                raise CodecError(f"codec 'zstd': part {key!r}: expected {_DTYPE_NAMES[dt]} "
+                                 f"{[d if d is not None else '*' for d in dims]}, header 'z' says {peer_repr(spec)}")
+        return {key: (torch.uint8, (None,)) for key in inner}  # each part's bytes, compressed
+
     def decode(self, parts, meta, ctx, shape, dtype) -> torch.Tensor:
         layout = meta.get("z")
         if not isinstance(layout, dict) or len(layout) > 8:
@@ -150,6 +165,9 @@ class Frames(Codec):
                 full.append(row)
             self.last[env] = x[row].clone()
         return Encoded({"z": compress(torch.cat(pieces), self.level)}, {"full": full}, x)
+
+    def layout(self, shape, dtype, meta) -> Layout:
+        return {"z": (torch.uint8, (None,))}
 
     def decode(self, parts, meta, ctx, shape, dtype) -> torch.Tensor:
         rows, stack, frame = shape[0], shape[1], math.prod(shape[2:])

@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from .base import Codec, CodecError, Context, Encoded, Param, part
+from .base import Codec, CodecError, Context, Encoded, Layout, Param, part
 from .dense import VALUE_DTYPES, check_meta_int, decode8, encode8, row_scales
-from .indexcoding import decode_positions, encode_positions
+from .indexcoding import BITMASK, decode_positions, encode_positions
 
-__all__ = ["ReluSparse", "Paper", "TopKErrorFeedback", "pack_selected", "unpack_selected"]
+__all__ = ["ReluSparse", "Paper", "TopKErrorFeedback", "pack_selected", "unpack_selected", "selected_layout"]
 
 VALUE_FORMATS = ("fp32", "bf16", "fp16", "int8")
 
@@ -82,6 +82,21 @@ def unpack_selected(parts: dict[str, torch.Tensor], meta: dict[str, Any], slots:
     return out.reshape(shape)
 
 
+def selected_layout(shape: tuple[int, ...], meta: dict[str, Any], n_slots: int | None, fmt: str,
+                    codec: str) -> Layout:
+    """`pack_selected`'s parts for a tensor of ``shape`` whose positions index ``n_slots`` slots (None: a number
+    the receiver learns only as it decodes), as ``meta`` says they are: the values' count ``k`` and, for a
+    bitmask (``m``), the index bytes are fixed; varints' bytes are not. `CodecError` for ``meta`` that cannot be
+    right."""
+    rows, _ = _as_2d(shape)
+    k = check_meta_int(meta, "k", 0, math.prod(shape) if n_slots is None else n_slots, codec)
+    method = check_meta_int(meta, "m", 0, 1, codec)
+    index = ((n_slots + 7) // 8,) if method == BITMASK and n_slots is not None else (None,)
+    if fmt == "int8":
+        return {"i": (torch.uint8, index), "v": (torch.int8, (k,)), "s": (torch.float32, (rows,))}
+    return {"i": (torch.uint8, index), "v": (VALUE_DTYPES[fmt], (k,))}
+
+
 def _full(x: torch.Tensor) -> Encoded:
     sent = x.detach().float()
     return Encoded({"": sent}, {"full": True}, sent)
@@ -106,6 +121,9 @@ class ReluSparse(Codec):
     def encode(self, x: torch.Tensor, ctx: Context) -> Encoded:
         flat = x.detach().reshape(-1)
         return pack_selected(x, torch.nonzero(flat).squeeze(1), None, self.values)
+
+    def layout(self, shape, dtype, meta) -> Layout:
+        return selected_layout(shape, meta, math.prod(shape), self.values, self.name)
 
     def decode(self, parts, meta, ctx, shape, dtype) -> torch.Tensor:
         return unpack_selected(parts, meta, None, shape, self.values, self.name).to(dtype)
@@ -158,6 +176,11 @@ class Paper(Codec):
         recon = torch.zeros(rows, cols)
         recon[mask] = values.float()
         return Encoded({"i": coords.to(torch.int16), "v": values}, {}, recon.reshape(x.shape))
+
+    def layout(self, shape, dtype, meta) -> Layout:
+        if _is_full(meta):
+            return {"": (torch.float32, tuple(shape))}
+        return {"i": (torch.int16, (None, 2)), "v": (torch.bfloat16, (None,))}
 
     def decode(self, parts, meta, ctx, shape, dtype) -> torch.Tensor:
         if _is_full(meta):
@@ -241,6 +264,12 @@ class TopKErrorFeedback(Codec):
         self.residual[idx] = acc - enc.recon
         enc.recon = enc.recon.reshape(x.shape)
         return enc
+
+    def layout(self, shape, dtype, meta) -> Layout:
+        if _is_full(meta):
+            return {"": (torch.float32, tuple(shape))}
+        # With relu=1 the positions index the entries the receiver's features make non-zero: known as it decodes.
+        return selected_layout(shape, meta, None if self.relu else math.prod(shape), self.values, self.name)
 
     def decode(self, parts, meta, ctx, shape, dtype) -> torch.Tensor:
         if _is_full(meta):

@@ -22,9 +22,10 @@ with its share of each minibatch and the fleet's step; stage1 serves them all in
    adds it to the encoder they last agreed on: one encoder again, at a fraction of the bytes;
 3. iteration end: ``iter_end`` from every edge, the same ``iter_stats`` to each.
 
-Edges come and go (`roster.Roster`): one whose link fails is dropped at once and the rest train on while
-``--min-edges`` remain; a stage0 waiting at a free place joins at an iteration's end with a running
-edge's encoder and optimizer state (``encoder_state``, relayed by stage1).
+Edges come and go (`roster.Roster`): one whose link fails, or whose message does not fit what stage1 expects of
+it (`splitrl.stages.door.Door`, checked as it arrives, before any batched code sees it), is dropped at once and
+the rest train on while ``--min-edges`` remain; a stage0 waiting at a free place joins at an iteration's end
+with a running edge's encoder and optimizer state (``encoder_state``, relayed by stage1).
 
 Stage1 learns as one edge with every edge's envs, each edge's envs a group
 (`TrainSettings.fleet_view`): N edges x E envs compute what 1 edge x N*E envs in N
@@ -41,6 +42,7 @@ import torch
 
 from ..runs import RunLog
 from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
+from ..stages.door import Door
 from ..stages.evaluate import Evaluation
 from ..transport import Message, Transport
 from .common import (IterationLog, PhaseClock, checkpoint_due, expect, stage0_after_rollout, stage0_finish,
@@ -204,6 +206,7 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run
     s = learner.settings
     per_edge = s.env.num_envs // roster.total
     learner.set_groups(roster.total)
+    roster.door = Door(learner, per_edge)  # each edge's messages judged as they arrive
     ours = torch.cat([learner.groups.rows[roster.first + g] for g in range(len(roster.links))])
     sync = s.schedule.parsed_encoder_sync()
     for iteration in range(learner.train_iteration + 1, s.num_iterations + 1):
@@ -228,7 +231,7 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run
                 for mb, idx in enumerate(minibatches):
                     owner = idx % s.env.num_envs // per_edge
                     # Every share's features first, so the minibatch's members are known before any loss.
-                    shares = [(g, share, roster.expect(g, "train_fwd", epoch=epoch, mb=mb))
+                    shares = [(g, share, roster.expect(g, "train_fwd", rows=len(share), epoch=epoch, mb=mb))
                               for g, share in ((g, idx[owner == roster.first + g]) for g in roster.live())
                               if len(share)]
                     members = roster.members(idx, owner)

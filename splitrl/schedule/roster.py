@@ -1,10 +1,11 @@
 """Which of a fleet's places hold an edge: admission, dropping, joining, and where a resumed fleet goes on.
 
 Stage1 of a fleet (`splitrl.schedule.fleet`) binds a port pair per edge (docs/PROTOCOL.md section 15); the
-`Roster` answers the hellos that come there (the handshake, `Roster.admit`), drops an edge whose link fails
-(`Roster.lose`), lets a waiting stage0 join at an iteration's end with a running edge's encoder
-(`Roster.welcome`), and says after which iteration a resumed fleet goes on (`Roster.resume`). The fleet's loops
-send and receive through it, so a failing edge is dropped wherever it fails.
+`Roster` answers the hellos that come there (the handshake, `Roster.admit`), drops an edge whose link fails or
+whose message does not fit (`Roster.lose`; the fit is `splitrl.stages.door.Door`'s to judge), lets a waiting
+stage0 join at an iteration's end with a running edge's encoder (`Roster.welcome`), and says after which
+iteration a resumed fleet goes on (`Roster.resume`). The fleet's loops send and receive through it, so a
+failing edge is dropped wherever it fails.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..stages.door import Door
 from ..stages.learners import Learners
 from ..stages.protocol import STAGE0, STAGE1
 from ..transport import Message, PeerAbort, PeerGone, ProtocolError, Transport, TransportTimeout
@@ -45,12 +47,12 @@ class Roster:
     """Which of stage1's places (edge g: ``links[g]``) hold an edge of the fleet.
 
     An edge whose link fails (gone: its process died or it was unplugged; silent past ``--timeout``; an
-    ``abort``; a message that breaks the protocol) is dropped at once: told why if it can still hear, never
-    waited for again in that session, its samples of the iteration it was lost in left out of training
-    (`members`). Training goes on with the rest. At each iteration's end a stage0 waiting at a free place
-    is answered (`admit`) and given another edge's encoder (`welcome`): it joins for the next iteration.
-    With fewer than ``min_edges`` edges stage1 waits there up to ``rejoin`` seconds for edges to come,
-    and without them (or with none left) the failure ends the run.
+    ``abort``; a message that breaks the protocol, or that the `door` turns away) is dropped at once: told why
+    if it can still hear, never waited for again in that session, its samples of the iteration it was lost in
+    left out of training (`members`). Training goes on with the rest. At each iteration's end a stage0
+    waiting at a free place is answered (`admit`) and given another edge's encoder (`welcome`): it joins for
+    the next iteration. With fewer than ``min_edges`` edges stage1 waits there up to ``rejoin`` seconds for
+    edges to come, and without them (or with none left) the failure ends the run.
 
     One of several learners (`splitrl.stages.learners`) serves a part of the fleet: edges ``first`` ..
     ``first + len(links) - 1`` of ``total`` (``links[g]`` is edge ``first + g``'s place).
@@ -73,6 +75,9 @@ class Roster:
         """Each place's last answered ``hello`` header (a resumed fleet reads the edges' checkpoints there)."""
         self.answer_extra: dict[str, Any] = {}
         """What every answer to a ``hello`` carries besides ``join_after`` (a resumed fleet: its checkpoints)."""
+        self.door: Door | None = None
+        """What every message from an edge is checked against as it arrives (`expect`), before any code that
+        serves several edges at once sees it; the fleet's loop sets it (`splitrl.stages.door`)."""
 
     def live(self) -> list[int]:
         return [g for g, alive in enumerate(self.alive) if alive]
@@ -99,15 +104,23 @@ class Roster:
             self.links[g].abort(f"stage1 dropped edge {self.first + g} from the fleet: {type(exc).__name__}: {exc}")
         self.links[g].new_session()  # a stage0 that comes to this place next is a new edge
 
-    def expect(self, g: int, kind: str, **header: Any) -> Message | None:
-        """`expect` on edge ``g``'s link; None if the edge was dropped, before or by this."""
+    def expect(self, g: int, kind: str, *, rows: int | None = None, **header: Any) -> Message | None:
+        """`expect` on edge ``g``'s link, the message checked at the `door` (``rows``: a ``train_fwd``'s samples);
+        None if the edge was dropped, before or by this."""
         if not self.alive[g]:
             return None
         try:
-            return expect(self.links[g], kind, **header)
+            msg = expect(self.links[g], kind, **header)
         except LINK_ERRORS as exc:
             self.lose(g, exc)
             return None
+        if self.door is not None:
+            try:
+                self.door.check(msg, rows)
+            except ProtocolError as exc:
+                self.lose(g, ProtocolError(f"edge {self.first + g}: {exc}"))
+                return None
+        return msg
 
     def gather(self, kind: str, **header: Any) -> list[tuple[int, Message]]:
         """``kind`` from every live edge, in edge order: (edge, message) of those still there."""

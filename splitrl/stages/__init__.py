@@ -3,9 +3,9 @@
 The stages' parts live beside them: `update` (the PPO update), `decoupled` (samples an older policy acted
 on), `versions` (published policy copies), `rollouts` (the stored rollouts and the env groups that write
 them), `env_groups` (stage0's envs), `fleet_encoder` (a fleet's one encoder), `order_free` (acting for a
-fleet as its edges come), `exchange` and `replica` (what crosses the cut in training, seeing each stage
-through a narrow protocol), `replica_plan` and `budget` (what the replica sends when; ``--link-budget``, on
-either stage `budget.CodecTuning`).
+fleet as its edges come), `door` (what a fleet's stage1 takes from each edge), `exchange` and `replica`
+(what crosses the cut in training, seeing each stage through a narrow protocol), `replica_plan` and
+`budget` (what the replica sends when; ``--link-budget``, on either stage `budget.CodecTuning`).
 """
 
 from .edge import EMA_DECAY, Edge

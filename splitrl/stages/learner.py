@@ -85,6 +85,9 @@ class Learner:
         (`average_encoders`)."""
         self.feature_dim = self.heads.input_dim
         """The width of the features at the cut."""
+        self.encoder_tensors = {name: (t.dtype, tuple(t.shape)) for name, t in stage0_net.state_dict().items()}
+        """The layers before the cut as a fleet's edge hands them to one joining (``encoder_state``): each tensor of
+        their state dict, its dtype and shape."""
         # Stored rollout inputs: the observations (`EnvSpec.rows`) when stage1 trains alone; with an acting copy,
         # the features, so that samples an older policy acted on can be scored by the one that trains.
         keep = ((spec.row_shape, getattr(torch, spec.row_dtype)) if self.trains_alone else
@@ -129,14 +132,17 @@ class Learner:
         """Env steps collected when the rollout being trained on ended (codecs' warm starts count these)."""
         return self.train_iteration * self.settings.steps_per_iteration
 
+    def input_shape(self, rows: int) -> tuple[tuple[int, ...], torch.dtype]:
+        """The shape and dtype of ``rows`` rows of what stage0's rollout sends: the features at the cut, or the
+        observations (`EnvSpec.rows`) with the cut before the first layer."""
+        if self.trains_alone:
+            return (rows,) + self.spec.row_shape, getattr(torch, self.spec.row_dtype)
+        return (rows, self.feature_dim), torch.float32
+
     def _input(self, msg: Message, ctx: Context, name: str = "features") -> torch.Tensor:
         """Decode stage0's rollout features (the observations with the cut before the first layer) for ``ctx``'s
         rows."""
-        rows = len(ctx.idx if ctx.idx is not None else ctx.envs)
-        if self.trains_alone:
-            shape, dtype = (rows,) + self.spec.row_shape, getattr(torch, self.spec.row_dtype)
-        else:
-            shape, dtype = (rows, self.feature_dim), torch.float32
+        shape, dtype = self.input_shape(len(ctx.idx if ctx.idx is not None else ctx.envs))
         return self.codecs.unpack("rollout", name, msg.tensors, msg.header, ctx, shape, dtype)
 
     # -- rollout ---------------------------------------------------------------------

@@ -13,13 +13,22 @@ from typing import Iterable
 
 import torch
 
-from ..codecs import CodecError, Context
+from ..codecs import CodecError, Context, Layout
 from ..codecs.dense import Bf16, Fp32, Int8
 from ..devices import to_host
 
-__all__ = ["WeightSync", "CODECS_BY_MODE"]
+__all__ = ["WeightSync", "CODECS_BY_MODE", "update_layout"]
 
 CODECS_BY_MODE = {c.name: c for c in (Fp32, Bf16, Int8)}
+
+
+def update_layout(shapes: Iterable[tuple[str, tuple[int, ...]]], mode: str) -> Layout:
+    """The tensors that carry every named weight's change (of each shape in ``shapes``) through the dense codec
+    ``mode``, named as `WeightSync.encode` and `WeightSync.delta` name them: what a receiver checks before it
+    decodes any."""
+    codec = CODECS_BY_MODE[mode]()
+    return {f"{name}.{key}" if key else name: spec for name, shape in shapes
+            for key, spec in codec.layout(tuple(shape), torch.float32, {}).items()}
 
 
 class WeightSync:

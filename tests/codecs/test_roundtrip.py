@@ -8,7 +8,7 @@ import functools
 import pytest
 import torch
 
-from splitrl.codecs import CODECS, Context
+from splitrl.codecs import CODECS, Context, fits
 
 from .support import B, F, SEED, frame_stacks, gen, pair, same_bits, send
 
@@ -115,6 +115,13 @@ def test_roundtrip_recon_is_decode(spec, stream):
         assert same_bits(out, recon), f"{spec}: receiver's decode differs from the sender's recon"
         # the parts are real tensors with the names the codec documents
         assert all(isinstance(t, torch.Tensor) for t in enc.tensors.values())
+        # ... and the names, dtypes and shapes its layout says a receiver may check before decoding
+        layout = sc.receiver.layout(tuple(x.shape), x.dtype, enc.meta)
+        assert set(layout) == set(enc.tensors), f"{spec}: layout {sorted(layout)}, parts {sorted(enc.tensors)}"
+        for key, t in enc.tensors.items():
+            dtype, dims = layout[key]
+            assert t.dtype == dtype and fits(t.shape, dims), f"{spec}: part {key!r}: {t.dtype} {list(t.shape)}, " \
+                f"layout {dtype} {dims}"
 
 
 def _check_fidelity(spec: str, x: torch.Tensor, out: torch.Tensor, base: torch.Tensor | None = None) -> None:

@@ -1,14 +1,18 @@
-"""Who is in a fleet: edges that die are dropped, edges that come back rejoin, a resumed fleet starts where
-every edge can (`splitrl.schedule.roster`)."""
+"""Who is in a fleet: edges that die are dropped, edges whose messages do not fit are turned away at the door,
+edges that come back rejoin, a resumed fleet starts where every edge can (`splitrl.schedule.roster`)."""
 
+import re
 import time
 
+import numpy as np
 import pytest
 import torch
 
+from splitrl.envs import inspect_env
 from splitrl.launch import free_port
 from splitrl.runs import load_checkpoint
-from splitrl.settings import RunOptions, ScheduleSettings, TrainSettings
+from splitrl.settings import EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
+from splitrl.stages import Learner
 from splitrl.transport import Message, PeerAbort
 
 from .test_fleet import LINK, _rows
@@ -134,6 +138,89 @@ def test_a_roster_drops_an_edge_that_fails_and_ends_the_run_below_min_edges():
     assert three.expect(0, "step") is None
     with pytest.raises(ProtocolError, match=r"^bad \(edge 2; 1 of 3 edges left, fewer than --min-edges 2\)$"):
         three.expect(2, "step")
+
+
+SMALL_FLEET = TrainSettings(total_steps=2 * 64, env=EnvSettings(env_id="CartPole-v1", num_envs=1, max_episode_steps=20),
+                            model="mlp", hidden=16, ppo=PPOSettings(num_steps=32, epochs=2, minibatches=2),
+                            schedule=ScheduleSettings(edges=2)).for_observation("vector")
+"""Two edges of one CartPole each, two iterations: a fleet that costs little to run."""
+
+
+def _feature_width(settings):
+    return Learner(settings.fleet_view(), inspect_env(settings.env)).feature_dim
+
+
+def test_the_door_drops_an_edge_whose_message_does_not_fit_naming_the_edge_and_the_tensor():
+    """`Roster.expect` holds every message against the fleet's door (`splitrl.stages.door`): a misfit is that
+    edge's `ProtocolError`, the edge named, and drops it as a failing link does; a ``train_fwd`` is held against
+    the edge's share of the minibatch."""
+    from splitrl.schedule.roster import Roster
+    from splitrl.stages.door import Door
+    from splitrl.transport import ProtocolError
+
+    settings = TrainSettings(env=EnvSettings(env_id="CartPole-v1"), model="mlp", hidden=16,
+                             schedule=ScheduleSettings(edges=3))
+    door = Door(Learner(settings.fleet_view(), inspect_env(settings.env)), 1)
+    width = door.learner.feature_dim
+    good, bad = (Message("step", {"t": 0}, {"features": torch.zeros(1, w)}) for w in (width, width - 1))
+    why = f"edge 1: step: tensor 'features': expected float32 [1, {width}], got float32 [1, {width - 1}]"
+    links = [_FakeLink([good]), _FakeLink([bad]), _FakeLink([good])]
+    roster = _started(Roster(links, {}, min_edges=1))
+    roster.door = door
+    assert [g for g, _ in roster.gather("step", t=0)] == [0, 2]
+    assert roster.live() == [0, 2] and roster.dropped == 1 and f"ProtocolError: {why}" in links[1].aborted
+    fwd = Message("train_fwd", {"epoch": 0, "mb": 0}, {"features": torch.zeros(2, width)})
+    links[2].msgs.append(fwd)
+    assert roster.expect(2, "train_fwd", rows=3, epoch=0, mb=0) is None  # its share was 3 samples, not 2
+    assert "edge 2: train_fwd: tensor 'features': expected float32 [3, " in links[2].aborted
+    links[0].msgs.append(fwd)
+    assert roster.expect(0, "train_fwd", rows=2, epoch=0, mb=0) is fwd
+    everyone = _started(Roster([_FakeLink([good]), _FakeLink([bad])], {}))
+    everyone.door = door
+    with pytest.raises(ProtocolError, match=f"^{re.escape(why)}$"):
+        everyone.gather("step", t=0)
+
+
+@pytest.mark.parametrize("min_edges", [1, 0])
+def test_an_edge_whose_features_do_not_fit_is_dropped_at_the_door_and_the_fleet_trains_on(tmp_path, spawn, min_edges):
+    """Edge 1 is a hostile peer written from docs/PROTOCOL.md (tests/hostile/peer.py): it says hello at edge 1's
+    place and sends a first step whose features are 3 wide. With --min-edges 1 stage1 tells it why, drops it
+    (logged, counted in fleet/dropped) and trains on with edge 0 to the end, both exiting 0; without, the run
+    ends with the error, which names the edge and the tensor."""
+    from ..hostile.peer import RawPeer, settings_hash
+
+    port = free_port(count=4)
+    args = [*SMALL_FLEET.to_argv(), "--threads", "1", "--checkpoint-every", "1", *LINK]
+    s1 = spawn("stage1", "--bind", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / "fleet"),
+               "--min-edges", str(min_edges), *args)
+    edge0 = spawn("stage0", "--connect", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / "edge0"),
+                  "--edge-id", "0", *args)
+    s1.wait_for("edge 0 of 2 connected", timeout=60)
+    peer = RawPeer(f"tcp://127.0.0.1:{port + 2}", bind=False, timeout=60)  # edge 1's port pair
+    try:
+        shared = SMALL_FLEET.shared()
+        peer.send("hello", {"proto": 1, "role": "stage0", "settings_hash": settings_hash(shared), "settings": shared,
+                            "edge": 1})
+        assert peer.recv()[0] == "hello"
+        peer.send("step", {"t": 0}, [("features", np.zeros((1, 3), dtype=np.float32))])
+        kind, header, _ = peer.recv()
+        while kind != "abort":  # (had it come late: a joiner's encoder first)
+            kind, header, _ = peer.recv()
+    finally:
+        peer.close()
+    why = f"edge 1: step: tensor 'features': expected float32 [1, {_feature_width(SMALL_FLEET)}], got float32 [1, 3]"
+    assert why in header["reason"], header
+    code0, out0 = edge0.finish(timeout=120)
+    code1, out1 = s1.finish(timeout=60)
+    if min_edges == 0:
+        assert code1 == 1 and why in out1, out1
+        assert code0 == 1 and why in out0, out0  # stage1's abort tells the honest edge why
+        return
+    assert code0 == 0 and code1 == 0, out0 + out1
+    assert f"edge 1 dropped (ProtocolError: {why}); training goes on with 1 of 2 edges" in out1, out1
+    rows = _rows(tmp_path / "edge0" / "metrics.jsonl")
+    assert [row["iteration"] for row in rows] == [1, 2]
+    assert rows[-1]["fleet/dropped"] == 1 and rows[-1]["fleet/edges"] == 1 and rows[-1]["fleet/act_batch_mean"] == 1
 
 
 def test_min_edges_is_checked():
