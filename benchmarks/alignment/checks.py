@@ -74,7 +74,7 @@ def check_outcomes(rec: Record, i: int, buf: Any, wire: Any) -> None:
 def check_behaviour(rec: Record, tally: Tally, i: int, learner: Any, slot: int) -> None:
     """(c): each sample's stored behaviour is its version's on the stored observation and action."""
     T, frozen = rec.run.settings.ppo.num_steps, rec.versions
-    buf, versions = learner.train_buffer, learner.versions[slot]
+    buf, versions = learner.train_buffer, learner.rollouts.versions.items[slot]
     obs = rec.env.rollout_obs(i)
     # Per sample and quantity: (recomputed, stored, within tolerance); features by their largest difference.
     got = {name: torch.zeros(versions.shape) for name in ("features", "logprob", "value")}
@@ -83,8 +83,8 @@ def check_behaviour(rec: Record, tally: Tally, i: int, learner: Any, slot: int) 
     for v in (int(v) for v in versions.unique()):
         at = versions == v
         features, logprob, value = frozen.behaviour(v, obs[at], buf.actions[at])
-        if learner.inputs is not None:
-            stored = learner.inputs[slot][at]
+        if learner.rollouts.inputs is not None:
+            stored = learner.rollouts.inputs.items[slot][at]
             got["features"][at] = (features - stored).abs().amax(1)
             ok["features"][at] = _close(features, stored).all(1)
         got["logprob"][at], ok["logprob"][at] = logprob, _close(logprob, buf.logprobs[at])
@@ -114,7 +114,7 @@ def check_behaviour(rec: Record, tally: Tally, i: int, learner: Any, slot: int) 
         v = rec.s1_ends[(i, g)]
         value = frozen.value(v, rec.env.obs(g, i * T))
         for j, env in enumerate(rows):
-            _bootstrap(tally, i, f"(t={T}, env={env})", "last value", v, value[j], learner.last_values[slot][env])
+            _bootstrap(tally, i, f"(t={T}, env={env})", "last value", v, value[j], learner.rollouts.last_values.items[slot][env])
         for t in range(T):
             step = rec.env.steps[g][(i - 1) * T + t]
             for j, env in enumerate(rows):
@@ -223,9 +223,9 @@ def check_training(rec: Record, i: int, learner: Any, slot: int, before: dict[st
         raise broken("e", "training data", i, "training", "stage0 did not train on its schedule's samples in order")
     buf = learner.train_buffer
     now = {name: getattr(buf, name) for name in before if hasattr(buf, name)}
-    now.update(versions=learner.versions[slot], last_values=learner.last_values[slot])
-    if learner.inputs is not None:
-        now["inputs"] = learner.inputs[slot]
+    now.update(versions=learner.rollouts.versions.items[slot], last_values=learner.rollouts.last_values.items[slot])
+    if learner.rollouts.inputs is not None:
+        now["inputs"] = learner.rollouts.inputs.items[slot]
     for name, was in before.items():
         if not torch.equal(now[name], was):
             changed = (now[name] != was).reshape(was.shape[0], -1).any(1).nonzero()[0].item() \
@@ -240,15 +240,15 @@ def check_rescore(rec: Record, tally: Tally, i: int, learner: Any, slot: int) ->
     flat_obs = obs.reshape((-1,) + tuple(obs.shape[2:]))
     start = (i - 1) * rec.run.per_iteration
     _, logprob, value = rec.versions.behaviour(start, flat_obs, buf.b_actions)
-    value, lagging = value.reshape(-1), learner.lagging
+    value, lagging = value.reshape(-1), learner.decoupled.lagging
     wanted = [("baseline value", buf.b_values, value)]
-    if learner.proximal is not None:  # samples lag: their proximal policy is the one that starts training
-        wanted.append(("proximal log-prob", learner.proximal[lagging], logprob[lagging]))
+    if learner.decoupled.proximal is not None:  # samples lag: their proximal policy is the one that starts training
+        wanted.append(("proximal log-prob", learner.decoupled.proximal[lagging], logprob[lagging]))
     # The value targets: GAE on that baseline, weighted where samples lag by min(1, pi_{i-1} / mu).
     shape, ppo = buf.values.shape, rec.run.settings.ppo
     weights = torch.where(lagging, (logprob - buf.b_logprobs).exp().clamp(max=1.0), torch.ones_like(logprob))
     _, returns = compute_gae(buf.rewards, value.reshape(shape), buf.terminated, buf.truncated, buf.final_values,
-                             learner.last_values[slot], ppo.gamma, ppo.gae_lambda,
+                             learner.rollouts.last_values.items[slot], ppo.gamma, ppo.gae_lambda,
                              weights.reshape(shape) if bool(lagging.any()) else None)
     wanted.append(("value target", buf.b_returns, returns.reshape(-1)))
     for what, kept, got in wanted:

@@ -31,7 +31,7 @@ def _plant_obs_late(edge: Any) -> None:
 
     def late_observe(t: int, g: int = 0) -> Any:
         out = observe(t, g)
-        rows = slice(int(edge.groups[g][0]), int(edge.groups[g][-1]) + 1)
+        rows = edge.groups.slices[g]
         now = edge.obs[t, rows].clone()
         if t > 0:
             edge.obs[t, rows] = last[g]
@@ -57,9 +57,10 @@ def _plant_rescore_stale(edge: Any) -> None:
 
 
 def _plant_outcome_late(learner: Any) -> None:
-    record = learner._record_outcomes
+    record = learner.rollouts.record_outcomes
     last = learner.settings.ppo.num_steps - 1
-    learner._record_outcomes = lambda outcomes: record([(min(step + 1, last), g, o) for step, g, o in outcomes])
+    learner.rollouts.record_outcomes = lambda iteration, outcomes: record(
+        iteration, [(min(step + 1, last), g, o) for step, g, o in outcomes])
 
 
 def _plant_adopt_late(learner: Any) -> None:
@@ -69,11 +70,11 @@ def _plant_adopt_late(learner: Any) -> None:
         now = learner.acting
         if now is before[0]:
             return act_groups(steps, order_free)
-        learner.acting, before[0] = before[0], now
+        learner.policy.acting, before[0] = before[0], now
         try:
             return act_groups(steps, order_free)
         finally:
-            learner.acting = now
+            learner.policy.acting = now
 
     learner.act_groups = late_act_groups
 

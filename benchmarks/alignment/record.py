@@ -51,9 +51,9 @@ class EnvRecord:
     def open(self, edge: Any) -> None:
         """Start recording the envs ``edge`` has just opened: their first observations, then every step."""
         self.spec = edge.spec
-        self.groups = [[int(e) for e in rows] for rows in edge.groups]
-        for g, env in enumerate(edge.envs):
-            self.reset_obs[g] = np.array(edge.next_obs[g], copy=True)
+        self.groups = [[int(e) for e in rows] for rows in edge.groups.rows]
+        for g, env in enumerate(edge.envs.envs):
+            self.reset_obs[g] = np.array(edge.envs.next_obs[g], copy=True)
             self.steps[g] = []
             env.step = self._recording_step(g, env.step)
 

@@ -67,19 +67,19 @@ class LearnerWatch:
         def begin_training(iteration: int) -> Any:
             schedule = original(iteration)
             rec, learner, i = self.rec, self.learner, iteration
-            slot = next(k for k, b in enumerate(learner.buffers) if b is learner.train_buffer)
+            slot = next(k for k, b in enumerate(learner.rollouts.buffers.items) if b is learner.train_buffer)
             check_start(rec, "stage1", i, learner.heads)
-            check_versions(rec, self.tally, i, learner.versions[slot])
+            check_versions(rec, self.tally, i, learner.rollouts.versions.items[slot])
             check_outcomes(rec, i, learner.train_buffer, learner.heads.wire_action)
             check_behaviour(rec, self.tally, i, learner, slot)
             if self.run.settings.schedule.rescore:
                 check_rescore(rec, self.tally, i, learner, slot)
             buf = learner.train_buffer
             rows = {name: getattr(buf, name).clone() for name in STORED}
-            rows["versions"] = learner.versions[slot].clone()
-            rows["last_values"] = learner.last_values[slot].clone()
-            if learner.inputs is not None:
-                rows["inputs"] = learner.inputs[slot].clone()
+            rows["versions"] = learner.rollouts.versions.items[slot].clone()
+            rows["last_values"] = learner.rollouts.last_values.items[slot].clone()
+            if learner.rollouts.inputs is not None:
+                rows["inputs"] = learner.rollouts.inputs.items[slot].clone()
             self.slot = slot
             self.training.begin(i, schedule, self.run.per_iteration, rows)
             self.tally.checked["stage1 rollouts"] += 1
