@@ -6,12 +6,13 @@ link), asked of a training run, where what crosses is paid on every env step and
 candidate cut's plan (`splitrl.plan.predict`, the run's schedule) takes, from a measured synchronous run at one
 cut (`splitrl.plan.calibrate`):
 
-- compute: what each stage spent beyond its networks in the measured run (the loop, the codecs, the framing, the
-  loss: `splitrl.plan.calibrate`'s compute less the measured cut's networks timed here) carries over as it
+- compute: what each stage spent beyond its networks in the measured run (the loop, the codecs, the framing,
+  the loss: `splitrl.plan.calibrate`'s compute less the measured cut's networks timed here) carries over as it
   is, and the candidate's two halves are timed here (`splitrl.plan.Timings`), divided by ``edge_speed`` /
   ``server_speed``: each machine's speed over the measured run's, which is taken to be this one (0.25: an
-  edge four times slower; the env steps on the edge too). A level per stage, as `calibrate` scales one cut's networks, would scale the server's
-  whole network at the input by what its loop cost around the heads alone.
+  edge four times slower; the env steps on the edge too). A level per stage, as `calibrate` scales one
+  cut's networks, would scale the server's whole network at the input by what its loop cost around the heads
+  alone.
 - bytes: each training stream's bytes per value crossing the measured cut, times the values crossing the
   candidate's (the codecs' rate per value carries over; a data-dependent codec's only roughly). At the input the
   observation crosses as it is (uint8 frames a byte a value) once a step, and training sends nothing: stage1
@@ -29,21 +30,23 @@ import numpy as np
 
 from .errors import SettingsError
 from . import plan as planner
-from .plan import Link, Plan, Timings, _batches, calibrate, load_run, predict
+from .plan import Link, Plan, Timings, batches, calibrate, load_run, predict
 
 if TYPE_CHECKING:
     from .envs import EnvSpec
     from .settings import TrainSettings
 
-__all__ = ["CutPlan", "plan_cuts"]
+__all__ = ["CutPlan", "plan_cuts", "crossing"]
 
 
 @dataclass(frozen=True)
 class CutPlan:
     cut: str
+    """The cut as it was asked for (`--cuts`), or the layer's name."""
     values: int
     """What a sample sends across the cut: the activation's values (the observation's at the input)."""
     plan: Plan
+    """Its iteration on the link (`splitrl.plan.predict`)."""
 
 
 def plan_cuts(settings: "TrainSettings", run_dir: str | Path, link: Link, *, vector: str, threads: int,
@@ -59,7 +62,10 @@ def plan_cuts(settings: "TrainSettings", run_dir: str | Path, link: Link, *, vec
         raise SettingsError(f"--edge-speed and --server-speed must be > 0, got {edge_speed:g} and {server_speed:g}")
     measured = load_run(run_dir)
     spec = measured.spec
-    timed = timings or (lambda s: planner.Timings(s, spec))
+    if only is not None and not only:
+        raise SettingsError("--cuts names no cut: give 'all', 'none' or cuts such as input,conv2,cnn")
+    kept: dict[str, Timings] = {}  # the measured cut is also a candidate: timed once
+    timed = timings or (lambda s: kept.setdefault(s.cut, planner.Timings(s, spec)))
     values = ({cut: (sent, cut == "input") for cut, sent in cuts(settings, spec)} if only is None
               else {cut: crossing(settings, cut, spec) for cut in only})
     measured_values, observation = crossing(measured.settings, measured.settings.cut, spec)
@@ -69,7 +75,7 @@ def plan_cuts(settings: "TrainSettings", run_dir: str | Path, link: Link, *, vec
     base = dataclasses.replace(settings, cut=measured.settings.cut)
     cal_timings = timed(measured.settings)  # the measured cut's network, as `calibrate` times it for ``base``
     rates = calibrate(run_dir, base, threads=threads, measured_link=measured_link, timings=cal_timings)
-    per_group, _, minibatch = _batches(settings)
+    per_group, _, minibatch = batches(settings)
     (cal_act0, cal_act1), (cal_train0, cal_train1) = (cal_timings.act(threads, per_group),
                                                       cal_timings.train(threads, minibatch))
     beyond = dict(act0=max(0.0, rates.act0 - cal_act0), act1=max(0.0, rates.act1 - cal_act1),

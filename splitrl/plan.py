@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from .settings import TrainSettings
 
 __all__ = ["Timings", "Rates", "Link", "Plan", "RunConfig", "load_run", "calibrate", "predict", "layouts", "recommend",
-           "TCP_GOODPUT"]
+           "TCP_GOODPUT", "batches", "levels", "typical", "trains_alone"]
 
 TCP_GOODPUT = MSS_BYTES / FRAME_BYTES
 """Application bytes per byte tc counts on a full-size segment (Ethernet 14 + IPv4 20 + TCP 20 + timestamps 12 of
@@ -122,7 +122,7 @@ class Plan:
         return dataclasses.asdict(self)
 
 
-def _batches(settings: "TrainSettings") -> tuple[int, int, int]:
+def batches(settings: "TrainSettings") -> tuple[int, int, int]:
     """(envs per group, groups, minibatch samples)."""
     envs = settings.env.num_envs
     groups = settings.schedule.groups(envs) or envs
@@ -241,7 +241,7 @@ def calibrate(run_dir: str | Path, target: "TrainSettings", *, threads: int, byt
                             f"--bottleneck-train, env)")
     timings = timings or Timings(target, measured.spec)
     level0, level1 = levels(measured, used, timings)
-    tgt_g, _, tgt_mb = _batches(target)
+    tgt_g, _, tgt_mb = batches(target)
     (act0, act1), (train0, train1) = timings.act(threads, tgt_g), timings.train(threads, tgt_mb)
     steps = cal.ppo.num_steps
     env_step = mean("time/env") / steps / (cal.env.num_envs if measured.vector == "sync" else 1)
@@ -262,7 +262,9 @@ def calibrate(run_dir: str | Path, target: "TrainSettings", *, threads: int, byt
     total = sum(iteration_bytes(r) for r in source) / len(source)
     other = total - s_steps * (up_step + down_step) - s_samples * (up_sample + down_sample)
     cal_bytes = sum(iteration_bytes(r) for r in used) / len(used)
-    round_trips = steps + cal.ppo.epochs * cal.ppo.minibatches
+    # (every byte charged at the rate, the bucket left out: a shaped calibration link's own cost per byte comes out
+    # low, or none)
+    round_trips = steps + cal.ppo.epochs * (1 if up_sample == down_sample == 0.0 else cal.ppo.minibatches)
     beyond = mean("time/link_wait") - round_trips * measured_link.rtt - measured_link.transfer(cal_bytes)
     per_byte = max(0.0, beyond) / cal_bytes if cal_bytes else 0.0
     return Rates(env_step=env_step,
@@ -283,7 +285,7 @@ def levels(measured: "RunConfig", used: Sequence[dict[str, Any]], timings: Timin
     (``timings``, of the run's network): the level of the run's machine, its load, and the codecs and the loss
     around the networks. 1.0 for a stage with nothing to time (stage0 cut at the input)."""
     cal = measured.settings
-    cal_g, _, cal_mb = _batches(cal)
+    cal_g, _, cal_mb = batches(cal)
     (act0, act1), (train0, train1) = timings.act(measured.threads, cal_g), timings.train(measured.threads, cal_mb)
     steps, updates = cal.ppo.num_steps, cal.ppo.epochs * cal.ppo.minibatches
     out = []
@@ -322,7 +324,7 @@ def predict(settings: "TrainSettings", rates: Rates, link: Link, *, vector: str 
     """Seconds per iteration (and the rest of `Plan`) of ``settings`` at ``rates`` on ``link``; ``vector``:
     'sync' (the envs in stage0's process) or 'async' (one worker process each)."""
     envs, steps = settings.env.num_envs, settings.ppo.num_steps
-    per_group, groups, minibatch = _batches(settings)
+    per_group, groups, minibatch = batches(settings)
     updates = settings.ppo.epochs * settings.ppo.minibatches
     micro = settings.schedule.microbatches
     cores = link.cores
@@ -344,17 +346,23 @@ def predict(settings: "TrainSettings", rates: Rates, link: Link, *, vector: str 
     cpu_share = (env_cpu + groups * (rates.act0 + rates.act1)) / cores if link.shared else 0.0
     if not link.shared and not in_process:
         cpu_share = (env_cpu + groups * rates.act0) / cores
-    vector_step = max(cycle, stage0_share, stage1_share, groups * max(up, down), cpu_share)
+    # The link's share: G groups' messages back to back leave it no idle spell to fill a bucket in.
+    link_share = groups * max(xfer(per_group * rates.up_step), xfer(per_group * rates.down_step))
+    vector_step = max(cycle, stage0_share, stage1_share, link_share, cpu_share)
     if groups == 1:
         vector_step = cycle
     rollout = steps * vector_step
 
-    # Training, per minibatch.
-    update = minibatch_seconds(rates.train0, rates.train1, xfer(minibatch * rates.up_sample),
-                               xfer(minibatch * rates.down_sample), link.rtt, micro)
-    if link.shared:
-        update = max(update, (rates.train0 + rates.train1) / cores)
-    training = updates * update
+    # Training, per minibatch; where nothing crosses in training (the cut at the input: stage1 trains alone), no
+    # round trip a minibatch either, and one message an epoch.
+    if trains_alone(rates):
+        training = updates * (rates.train0 + rates.train1) + settings.ppo.epochs * link.rtt / 2
+    else:
+        update = minibatch_seconds(rates.train0, rates.train1, xfer(minibatch * rates.up_sample),
+                                   xfer(minibatch * rates.down_sample), link.rtt, micro)
+        if link.shared:
+            update = max(update, (rates.train0 + rates.train1) / cores)
+        training = updates * update
 
     other = xfer(rates.other)
     cpu0 = steps * groups * rates.act0 + updates * rates.train0 + (env_cpu * steps if in_process else 0.0)
@@ -373,6 +381,11 @@ def predict(settings: "TrainSettings", rates: Rates, link: Link, *, vector: str 
     return Plan(seconds=seconds, rollout=rollout, training=training, bytes_per_step=nbytes / samples,
                 busy0=cpu0 / seconds, busy1=cpu1 / seconds, staleness=staleness,
                 balance=rollout / training if training else math.inf)
+
+
+def trains_alone(rates: Rates) -> bool:
+    """Nothing crosses the link in training: the cut is at the input and stage1 trains the whole network."""
+    return rates.up_sample == rates.down_sample == 0.0
 
 
 FORWARD_SHARE = 1 / 3
@@ -400,7 +413,7 @@ def layouts(settings: "TrainSettings", *, allow_stale: bool = False) -> list[tup
     once), every divisor of the envs as groups, micro-batches 1, 2, 4 dividing the minibatch; ``allow_stale``:
     the asynchronous schedule too (its samples are one version old: learning changes, docs/results/pipeline.md)."""
     envs = settings.env.num_envs
-    _, _, minibatch = _batches(settings)
+    _, _, minibatch = batches(settings)
     sched = settings.schedule
     out = [("sync", dataclasses.replace(settings, schedule=dataclasses.replace(
         sched, rollout_groups="1", microbatches=1, asynchronous=False, publish="iteration")), 0)]

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from splitrl.cli import main
 from splitrl.cutplan import crossing, plan_cuts
 from splitrl.errors import SettingsError
-from splitrl.plan import Link, Timings, calibrate, load_run, predict
+from splitrl.plan import Link, Rates, Timings, calibrate, load_run, predict
 
 from .test_plan import SYNC_RUN
 
@@ -106,3 +106,27 @@ def test_the_command_ranks_the_cuts_and_recommends_one(monkeypatch):
     assert all(f"| {cut} |" in every.output for cut in ("input", "conv1", "relu1", "conv2", "relu3", "flatten"))
     none = CliRunner().invoke(main, ["plan", "--from", str(SYNC_RUN), "--recommend", "--cuts", "none"])
     assert none.exit_code == 0 and "recommended cut" not in none.output
+
+
+def test_the_input_cut_pays_no_round_trip_a_minibatch_and_groups_leave_the_bucket_no_idle_spell():
+    near, far = _plans(Link()), _plans(Link(rtt=0.05))
+    # At the input stage1 trains alone: one message an epoch, not a round trip each of the 320 minibatches.
+    assert far["input"].plan.training == pytest.approx(near["input"].plan.training + 10 * 0.05 / 2)
+    assert far["cnn"].plan.training == pytest.approx(near["cnn"].plan.training + 320 * 0.05, rel=0.01)
+    rates = Rates(env_step=0.001, act0=0.0, act1=0.0, train0=0.0, train1=0.0, up_step=16_000.0, down_step=0.0,
+                  up_sample=0.0, down_sample=0.0, other=0.0)
+    grouped = dataclasses.replace(RUN.settings, env=dataclasses.replace(RUN.settings.env, num_envs=8),
+                                  schedule=dataclasses.replace(RUN.settings.schedule, rollout_groups="8"))
+    link = Link.shaped(10e6, shared=False)
+    step = predict(grouped, rates, link, vector="async").rollout / RUN.settings.ppo.num_steps
+    assert step == pytest.approx(8 * link.transfer(16_000))  # eight groups' messages at the rate, back to back
+
+
+def test_the_commands_refuse_what_they_cannot_do(monkeypatch):
+    monkeypatch.setattr("splitrl.plan.Timings", lambda settings, spec: LayeredTimings(settings))
+    alone = CliRunner().invoke(main, ["plan", "--from", str(SYNC_RUN), "--cuts", "input"])
+    assert alone.exit_code != 0 and "they go with --recommend" in alone.output
+    empty = CliRunner().invoke(main, ["plan", "--from", str(SYNC_RUN), "--recommend", "--cuts", ","])
+    assert empty.exit_code != 0 and "--cuts names no cut" in empty.output and "Traceback" not in empty.output
+    unknown = CliRunner().invoke(main, ["bench", "cuts", "--models", "nature,foo", "--table-only", "--out", "x"])
+    assert unknown.exit_code != 0 and "unknown model(s) foo" in unknown.output

@@ -114,7 +114,8 @@ def check_behaviour(rec: Record, tally: Tally, i: int, learner: Any, slot: int) 
         v = rec.s1_ends[(i, g)]
         value = frozen.value(v, rec.env.obs(g, i * T))
         for j, env in enumerate(rows):
-            _bootstrap(tally, i, f"(t={T}, env={env})", "last value", v, value[j], learner.rollouts.last_values.items[slot][env])
+            _bootstrap(tally, i, f"(t={T}, env={env})", "last value", v, value[j],
+                       learner.rollouts.last_values.items[slot][env])
         for t in range(T):
             step = rec.env.steps[g][(i - 1) * T + t]
             for j, env in enumerate(rows):

@@ -3,8 +3,9 @@
 For each model, one split run per (cut, link rate) in the lab (`splitrl.lab`: two network namespaces and a
 tbf-shaped veth pair; needs root), the same small workload for all (`WORKLOAD`). The planner is calibrated on one
 of them, the model's default cut at the fastest rate (`splitrl.cutplan.plan_cuts`: its env steps, what each
-stage spent beyond its networks, its bytes per value), and predicts every other row from its cut and its link alone. A run's figure is
-its measured iteration of median length (`splitrl.plan.typical`), as the calibration takes it. Per model and
+stage spent beyond its networks, its bytes per value), and predicts every other row from its cut and its link
+alone. A run's figure is its measured iteration of median length (`splitrl.plan.typical`), as the calibration
+takes it. Per model and
 rate, the cut the planner ranks first is checked against the best measured one: the planner's target is a
 measured time within 10 % of the best, and every prediction within 20 % of its measured seconds per iteration.
 """
@@ -48,6 +49,9 @@ def run_cut_bench(models: Sequence[str] = tuple(MODELS), rates: Sequence[str] = 
     from ..netem.tc import Shaping
 
     echo = echo or log.info
+    _known(models)
+    if "--num-envs" in extra_args or "--num-steps" in extra_args:
+        raise ValueError("the bench's workload is 1 env x 256 steps an iteration (WORKLOAD); its runs are that long")
     base = Path(out_dir or tempfile.mkdtemp(prefix="splitrl-cuts-"))
     base.mkdir(parents=True, exist_ok=True)
     for model in models:
@@ -68,6 +72,12 @@ def run_cut_bench(models: Sequence[str] = tuple(MODELS), rates: Sequence[str] = 
     return base
 
 
+def _known(models: Sequence[str]) -> None:
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        raise ValueError(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+
+
 def _finished(run_dir: Path, iterations: int) -> bool:
     try:
         return summarise_run(run_dir)["iterations"] >= iterations
@@ -84,11 +94,12 @@ def cut_rows(out_dir: str | Path, models: Sequence[str] = tuple(MODELS),
     from ..runs import measured_records, read_metrics
     from ..units import parse_rate
 
+    _known(models)
     rows: list[dict[str, Any]] = []
     fastest = max(rates, key=parse_rate)
     for model in models:
         _, cuts = MODELS[model]
-        reference = Path(out_dir) / _name(model, "cnn", fastest)
+        reference = Path(out_dir) / _name(model, cuts[-1], fastest)  # the default cut, last in MODELS
         measured = load_run(reference)
         cache: dict[str, Timings] = {}
 
@@ -120,7 +131,8 @@ def cut_rows(out_dir: str | Path, models: Sequence[str] = tuple(MODELS),
 
 
 def _rtt(run_dir: Path) -> float:
-    """The round trip the run measured at its start, s (0 where it has none)."""
+    """The round trip in s the run's last record holds (``link/rtt_ms``: the pipelined schedule measures it; 0
+    for the synchronous runs of this bench, over a link with no delay set)."""
     from ..runs import read_metrics
 
     records = read_metrics(run_dir)

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from .bench import bench
+from .bench_cuts import bench_cuts
 from .errors import run_cli
 from .evaluate import eval_cmd
 from .netem import lab, netem
@@ -72,6 +73,7 @@ def main(verbose: bool) -> None:
     _install_signal_handlers()
 
 
+bench.add_command(bench_cuts)  # a command of that group in a file of its own
 for _command in (stage0, stage1, train, run, curve, eval_cmd, codecs_cmd, bench, report, keys, upgrade_checkpoints,
                  netem, lab, plan):
     main.add_command(_command)

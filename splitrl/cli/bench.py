@@ -481,8 +481,3 @@ def bench_floor(settings: TrainSettings, options: RunOptions, cores: int, json_p
     floor = run_cli(go)
     click.echo(floor_table(floor))
     _write_json(json_path, floor)
-
-
-from .bench_cuts import bench_cuts  # noqa: E402 - a command of this group in a file of its own
-
-bench.add_command(bench_cuts)

@@ -30,7 +30,13 @@ def bench_cuts(models: str, rates: str, iterations: int, out_dir: str | None, ta
     on an idle machine. EXTRA arguments (after --) go to every run."""
     from ..bench.cut_bench import check_cuts, cut_rows, cut_table, run_cut_bench
 
+    from ..bench.cut_bench import MODELS
+
     model_list = [m.strip() for m in models.split(",") if m.strip()]
+    unknown = [m for m in model_list if m not in MODELS]
+    if unknown:
+        raise click.BadParameter(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}",
+                                 param_hint="--models")
     rate_list = [r.strip() for r in rates.split(",") if r.strip()]
 
     def go() -> list:

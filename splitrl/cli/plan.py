@@ -6,6 +6,7 @@ import os
 
 import click
 
+from ..errors import SettingsError
 from ..settings import RunOptions, TrainSettings
 from .errors import run_cli
 from .options import training_options
@@ -27,9 +28,9 @@ __all__ = ["plan"]
 @click.option("--separate", is_flag=True,
               help="stage0 and stage1 on two machines (default: one machine's cores, as in every bench here)")
 @click.option("--recommend", is_flag=True, help="plan every schedule for these envs and samples, fastest first")
-@click.option("--cuts", default="all", show_default=True,
-              help="with --recommend, the cuts to rank too: 'all' (every cut of the model), 'none', or names "
-                   "such as input,conv2,cnn")
+@click.option("--cuts", default=None,
+              help="with --recommend, the cuts to rank too: 'all' (every cut of the model; the default where --from "
+                   "was cut after a layer), 'none', or names such as input,conv2,cnn (from --from's bytes per value)")
 @click.option("--edge-speed", default=1.0, show_default=True,
               help="the edge's speed over the machine that ran stage0 in --from (0.25: four times slower)")
 @click.option("--server-speed", default=1.0, show_default=True,
@@ -40,7 +41,7 @@ __all__ = ["plan"]
                    "differently, docs/results/pipeline.md)")
 @training_options(link=False)
 def plan(settings: TrainSettings, options: RunOptions, calibration: str, bytes_from: str | None, rate: str, rtt: float,
-         measured_rate: str, measured_rtt: float, cores: int, separate: bool, recommend: bool, cuts: str,
+         measured_rate: str, measured_rtt: float, cores: int, separate: bool, recommend: bool, cuts: str | None,
          edge_speed: float, server_speed: float, allow_stale: bool) -> None:
     """Predict seconds per iteration, bytes per env step, each stage's busy fraction and staleness of the
     configuration these training options describe, on a link of --rate and --rtt; times the networks here
@@ -53,6 +54,8 @@ def plan(settings: TrainSettings, options: RunOptions, calibration: str, bytes_f
 
     def go() -> None:
         settings.validate(options)
+        if not recommend and (cuts is not None or edge_speed != 1.0 or server_speed != 1.0):
+            raise SettingsError("--cuts, --edge-speed and --server-speed rank cuts: they go with --recommend")
         link = Link.shaped(parse_rate(rate) if rate else 0.0, rtt / 1000, cores=cores, shared=not separate)
         measured = Link.shaped(parse_rate(measured_rate) if measured_rate else 0.0, measured_rtt / 1000)
         vector = choose_vector(options.vector, settings.env.num_envs)
@@ -81,8 +84,13 @@ def plan(settings: TrainSettings, options: RunOptions, calibration: str, bytes_f
                        f"{stale_name}, "
                        f"{stale.seconds:.1f} s (its rollout takes {stale.balance:.2f} of its training's time: "
                        f"{'the learner is the bound' if stale.balance < 1 else 'the rollout is the bound'})")
-        if cuts.strip() != "none":
-            _rank_cuts(settings, options, calibration, link, measured, vector, cuts, edge_speed, server_speed)
+        if (cuts or "all").strip() == "none":
+            return
+        if cuts is None and load_run(calibration).settings.cut.strip() in ("input", "0"):
+            click.echo(f"\n(cuts not ranked: {calibration} was cut at the input; rank them from a run cut after a "
+                       "layer)")
+            return
+        _rank_cuts(settings, options, calibration, link, measured, vector, cuts or "all", edge_speed, server_speed)
 
     run_cli(go)
 

@@ -133,8 +133,9 @@ def build_agent(
         # A feature map crosses as flat rows (B, C*H*W): the wire, the codecs, the storage and the budget see the
         # (B, F) they see at any cut, and stage1 gives its layers their shape back (both know it from the model).
         reshaped = at and len(crossing) != 1
-        heads = ActorCriticHeads(nn.Sequential(*([nn.Unflatten(1, crossing)] if reshaped else []), *layers[at:], *trunk),
-                                 feature_dim, action_dim, hidden, init_log_std=init_log_std, discrete=discrete,
+        unflatten = [nn.Unflatten(1, crossing)] if reshaped else []
+        heads = ActorCriticHeads(nn.Sequential(*unflatten, *layers[at:], *trunk), feature_dim, action_dim, hidden,
+                                 init_log_std=init_log_std, discrete=discrete,
                                  input_dim=math.prod(crossing) if at else None)
     return nn.Sequential(*layers[:at], *([nn.Flatten()] if reshaped else [])), heads
 

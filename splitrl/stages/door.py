@@ -136,7 +136,8 @@ class Door:
         return {**self._features(msg, "rollout", "features", self.per_edge), **self._outcome(msg)}
 
     def _train_fwd(self, msg: Message, rows: int | None) -> Layout:
-        assert rows is not None, "a train_fwd is checked against the edge's share of the minibatch"
+        if rows is None:  # a caller's slip, not the edge's: every train_fwd has a share to be checked against
+            raise ValueError("a train_fwd is checked against the edge's share of the minibatch: give its rows")
         return self._features(msg, "fwd", "features", rows)
 
     def _encoder_state(self, msg: Message, rows: int | None) -> Layout:

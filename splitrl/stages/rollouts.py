@@ -108,8 +108,7 @@ class Rollouts:
 
     def record_outcomes(self, iteration: int, outcomes: list[tuple[int, int, tuple[torch.Tensor, ...]]]) -> None:
         """Outcomes ((step, group, (reward, terminated, truncated, final values)) each, as
-        `splitrl.stages.outcomes.read_outcome` reads them) into the
-        rollout's buffer, all at once."""
+        `splitrl.stages.outcomes.read_outcome` reads them) into the rollout's buffer, all at once."""
         if not outcomes:
             return
         steps, envs = self.groups.rows_of([(step, g) for step, g, _ in outcomes])
