@@ -33,10 +33,9 @@ from . import plan as planner
 from .plan import Link, Plan, Timings, batches, calibrate, load_run, predict
 
 if TYPE_CHECKING:
-    from .envs import EnvSpec
     from .settings import TrainSettings
 
-__all__ = ["CutPlan", "plan_cuts", "crossing"]
+__all__ = ["CutPlan", "plan_cuts"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ def plan_cuts(settings: "TrainSettings", run_dir: str | Path, link: Link, *, vec
     """Every cut of ``settings``' model (or those in ``only``) planned on ``link``, fastest first, from the
     measured run ``run_dir`` (its codecs must be ``settings``' own, its cut any after a layer). ``timings``:
     the `Timings` of a candidate's settings (default: new ones, each timed for a few seconds here)."""
-    from .models import cuts
+    from .models import INPUT, crossing, cuts
 
     if edge_speed <= 0 or server_speed <= 0:
         raise SettingsError(f"--edge-speed and --server-speed must be > 0, got {edge_speed:g} and {server_speed:g}")
@@ -66,7 +65,7 @@ def plan_cuts(settings: "TrainSettings", run_dir: str | Path, link: Link, *, vec
         raise SettingsError("--cuts names no cut: give 'all', 'none' or cuts such as input,conv2,cnn")
     kept: dict[str, Timings] = {}  # the measured cut is also a candidate: timed once
     timed = timings or (lambda s: kept.setdefault(s.cut, planner.Timings(s, spec)))
-    values = ({cut: (sent, cut == "input") for cut, sent in cuts(settings, spec)} if only is None
+    values = ({cut: (sent, cut == INPUT) for cut, sent in cuts(settings, spec)} if only is None
               else {cut: crossing(settings, cut, spec) for cut in only})
     measured_values, observation = crossing(measured.settings, measured.settings.cut, spec)
     if observation:
@@ -97,12 +96,3 @@ def plan_cuts(settings: "TrainSettings", run_dir: str | Path, link: Link, *, vec
             train1=beyond["train1"] + train1 / server_speed, **stream)
         out.append(CutPlan(cut, sent, predict(candidate, cut_rates, link, vector=vector)))
     return sorted(out, key=lambda p: p.plan.seconds)
-
-
-def crossing(settings: "TrainSettings", cut: str, spec: "EnvSpec") -> tuple[int, bool]:
-    """(the values a sample sends across ``cut``, whether they are the observation's own: a cut at the input)
-    for any spelling `--cut` takes; SettingsError where the model has no such cut."""
-    from .models import agent
-
-    encoder, heads = agent(dataclasses.replace(settings, cut=cut), spec)
-    return (heads.input_dim, False) if len(encoder) else (int(np.prod(spec.row_shape)), True)

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from splitrl.cli import main
-from splitrl.cutplan import crossing, plan_cuts
+from splitrl.cutplan import plan_cuts
+from splitrl.models import crossing
 from splitrl.errors import SettingsError
 from splitrl.plan import Link, Rates, Timings, calibrate, load_run, predict
 

@@ -10,12 +10,12 @@
   seed, cut into (stage0's module, stage1's heads)
 """
 
-from .build import agent, build_agent, cuts, network_digest, spaces
+from .build import agent, build_agent, crossing, cuts, network_digest, spaces
 from .builtin import impala, mlp, nature
 from .heads import SCORING_ROWS, ActorCriticHeads
 from .layers import ScaleObs, layer_init
 from .network import BUILTINS, DEFAULT, INPUT, Factory, Network, make_network, resolve_model, with_vector
 
-__all__ = ["ScaleObs", "ActorCriticHeads", "agent", "build_agent", "cuts", "layer_init", "SCORING_ROWS", "Network",
+__all__ = ["ScaleObs", "ActorCriticHeads", "agent", "build_agent", "cuts", "crossing", "layer_init", "SCORING_ROWS", "Network",
            "Factory", "BUILTINS", "INPUT", "DEFAULT", "resolve_model", "make_network", "network_digest", "spaces",
            "nature", "impala", "mlp", "with_vector"]

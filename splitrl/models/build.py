@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..envs import EnvSpec
     from ..settings import TrainSettings
 
-__all__ = ["build_agent", "agent", "spaces", "network_digest", "cuts"]
+__all__ = ["build_agent", "agent", "spaces", "network_digest", "cuts", "crossing"]
 
 
 def spaces(obs_shape: tuple[int, ...], action_dim: int, discrete: bool = False, *, observation: str = "image",
@@ -176,11 +176,17 @@ def cuts(settings: "TrainSettings", spec: "EnvSpec") -> list[tuple[str, int]]:
     out = []
     for name in names:
         try:
-            encoder, heads = agent(dataclasses.replace(settings, cut=name), spec)
+            out.append((name, crossing(settings, name, spec)[0]))
         except SettingsError:
             continue
-        out.append((name, heads.input_dim if len(encoder) else math.prod(spec.row_shape)))
     return out
+
+
+def crossing(settings: "TrainSettings", cut: str, spec: "EnvSpec") -> tuple[int, bool]:
+    """(the values a sample sends across ``cut``, whether they are the observation's own: a cut at the input)
+    for any spelling ``--cut`` takes; SettingsError where the model has no such cut."""
+    encoder, heads = agent(dataclasses.replace(settings, cut=cut), spec)
+    return (heads.input_dim, False) if len(encoder) else (math.prod(spec.row_shape), True)
 
 
 def network_digest(*modules: nn.Module) -> str:
