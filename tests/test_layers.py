@@ -16,7 +16,7 @@ PACKAGE = Path(splitrl.__file__).resolve().parent
 
 LAYERS: list[tuple[str, ...]] = [
     ("__main__", "cli"),
-    ("bench", "plan", "cutplan", "lab", "report"),
+    ("bench", "plan", "cutplan", "lab", "report", "export"),
     ("runner",),
     ("schedule",),
     ("stages",),

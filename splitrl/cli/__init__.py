@@ -19,8 +19,9 @@ import click
 
 from .bench import bench
 from .bench_cuts import bench_cuts
+from .bench_greedy import bench_greedy
 from .errors import run_cli
-from .evaluate import eval_cmd
+from .evaluate import eval_cmd, export_cmd
 from .netem import lab, netem
 from .options import training_options
 from .plan import plan
@@ -73,7 +74,8 @@ def main(verbose: bool) -> None:
     _install_signal_handlers()
 
 
-bench.add_command(bench_cuts)  # a command of that group in a file of its own
-for _command in (stage0, stage1, train, run, curve, eval_cmd, codecs_cmd, bench, report, keys, upgrade_checkpoints,
-                 netem, lab, plan):
+bench.add_command(bench_cuts)  # commands of that group in files of their own
+bench.add_command(bench_greedy)
+for _command in (stage0, stage1, train, run, curve, eval_cmd, export_cmd, codecs_cmd, bench, report, keys,
+                 upgrade_checkpoints, netem, lab, plan):
     main.add_command(_command)

@@ -1,52 +1,143 @@
-"""``splitrl eval``: score a trained agent on held-out episodes, and watch it."""
+"""``splitrl eval`` and ``splitrl export``: score a trained agent on held-out episodes, watch it, ship it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import click
 
+from ..models.greedy import DEFAULT_GREEDY, GREEDY_RULES
 from .errors import run_cli
 
-__all__ = ["eval_cmd"]
+__all__ = ["eval_cmd", "export_cmd"]
+
+_FORMATS = ("onnx", "torchscript")
+
+
+def _line(record: dict[str, Any]) -> str:
+    how = f"deterministic ({record['greedy']})" if record["deterministic"] else "sampled"
+    where = f"iteration {record['iteration']}" if "iteration" in record else f"model {record['model']}"
+    return (f"{where}: return {record['return_mean']:.1f} ± {record['return_std']:.1f} over {record['episodes']} "
+            f"episodes (seeds {record['seed']}..{record['seed'] + record['episodes'] - 1}, {how})")
 
 
 @click.command("eval")
-@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("run_dir", required=False, type=click.Path(exists=True, file_okay=False))
+@click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False),
+              help="play an exported policy (`splitrl export`) instead of a run's checkpoints")
+@click.option("--format", "fmt", type=click.Choice(_FORMATS), default="onnx", show_default=True,
+              help="with --model: which of its files plays (onnx needs onnxruntime: the export extra)")
 @click.option("--iteration", type=int, help="the checkpoint pair to load  [default: the newest both stages have]")
 @click.option("--episodes", default=10, show_default=True, type=click.IntRange(min=1), help="episodes to run")
 @click.option("--seed", type=int,
               help="episode k starts from seed + k  [default: the run's seed + 1,000,000, never used in training]")
-@click.option("--deterministic/--sample", default=True, show_default=True,
-              help="act with the policy's most likely action (tanh of the mean; for discrete actions the largest "
-                   "logit), or sample the policy (seeded by --seed)")
+@click.option("--both", "play", flag_value="both", default=True,
+              help="play the greedy policy and the sampled one on the same seeds, side by side  [default]")
+@click.option("--deterministic", "play", flag_value="deterministic", help="only the greedy policy (--greedy)")
+@click.option("--sample", "play", flag_value="sampled", help="only the sampled policy (seeded by --seed)")
+@click.option("--greedy", type=click.Choice(GREEDY_RULES), default=DEFAULT_GREEDY, show_default=True,
+              help="the deterministic action of a Box policy: the expected env action over the policy's draws, "
+                   "the squashed distribution's mode, or tanh of the mean (splitrl bench greedy compares them)")
 @click.option("--video", "video_dir", type=click.Path(file_okay=False),
               help="record every episode as an mp4 here (what a person would see: render_mode='rgb_array')")
+@click.option("--record", is_flag=True, help="append the results to RUN_DIR/eval.jsonl (without it nothing is "
+                                             "written into the run)")
 @click.option("--stage1-dir", type=click.Path(exists=True, file_okay=False),
               help="stage1's run directory, when the stages ran on two machines  [default: RUN_DIR]")
 @click.option("--threads", default=0, show_default=True, help="torch intra-op threads (0: torch's default)")
-def eval_cmd(run_dir: str, iteration: int | None, episodes: int, seed: int | None, deterministic: bool,
-             video_dir: str | None, stage1_dir: str | None, threads: int) -> None:
-    """Load both stages' checkpoints from RUN_DIR, run whole episodes on held-out seeds in this process,
-    print the mean and standard deviation of the returns and append them to RUN_DIR/eval.jsonl."""
+def eval_cmd(run_dir: str | None, model_dir: str | None, fmt: str, iteration: int | None, episodes: int,
+             seed: int | None, play: str, greedy: str, video_dir: str | None, record: bool, stage1_dir: str | None,
+             threads: int) -> None:
+    """Score a trained agent on held-out seeds in this process and print the mean and standard deviation of
+    the returns: both stages' checkpoints from RUN_DIR, or an exported policy (--model DIR, which plays its
+    greedy action only)."""
+    if (run_dir is None) == (model_dir is None):
+        raise click.UsageError("give RUN_DIR or --model DIR (one of them)")
+    if model_dir and (record or stage1_dir or iteration is not None):
+        raise click.UsageError("--record, --stage1-dir and --iteration are for RUN_DIR, not --model")
 
-    def go() -> dict:
+    def go() -> list[dict]:
         import torch
 
         from ..stages.evaluate import append_eval, eval_seed, evaluate, load_agent
 
         if threads:
             torch.set_num_threads(threads)
+        if model_dir:
+            from ..export import play_exported, read_model
+
+            result, first = play_exported(model_dir, episodes=episodes, seed=seed, fmt=fmt, video_dir=video_dir)
+            rule = read_model(model_dir)["action"]["greedy"]
+            return [result.record(model=model_dir, format=fmt, seed=first, deterministic=True, greedy=rule)]
         settings, spec, encoder, heads, it = load_agent(run_dir, iteration, stage1_dir)
         first = eval_seed(settings) if seed is None else seed
-        result = evaluate(settings, encoder, heads, spec, episodes=episodes, seed=first,
-                          deterministic=deterministic, video_dir=video_dir)
-        record = result.record(iteration=it, global_step=it * settings.steps_per_iteration, seed=first,
-                               deterministic=deterministic)
-        append_eval(run_dir, record)
-        return record
+        records = []
+        for deterministic in {"both": (True, False), "deterministic": (True,), "sampled": (False,)}[play]:
+            video = None if not video_dir else Path(video_dir) / ("greedy" if deterministic else "sampled")
+            result = evaluate(settings, encoder, heads, spec, episodes=episodes, seed=first,
+                              deterministic=deterministic, video_dir=video, greedy=greedy)
+            records.append(result.record(iteration=it, global_step=it * settings.steps_per_iteration, seed=first,
+                                         deterministic=deterministic, greedy=greedy if deterministic else None))
+        if record:
+            for r in records:
+                append_eval(run_dir, r)
+        return records
 
-    record = run_cli(go)
-    click.echo(f"iteration {record['iteration']}: return {record['return_mean']:.1f} ± {record['return_std']:.1f} "
-               f"over {record['episodes']} episodes (seeds {record['seed']}..{record['seed'] + record['episodes'] - 1}, "
-               f"{'deterministic' if record['deterministic'] else 'sampled'})")
+    for r in run_cli(go):
+        click.echo(_line(r))
     if video_dir:
         click.echo(f"videos: {video_dir}")
+
+
+@click.command("export")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="the directory to write the model into (new or empty, or an earlier export to replace)")
+@click.option("--iteration", type=int, help="the checkpoint pair to export  [default: the newest both stages have]")
+@click.option("--stage1-dir", type=click.Path(exists=True, file_okay=False),
+              help="stage1's run directory, when the stages ran on two machines  [default: RUN_DIR]")
+@click.option("--greedy", type=click.Choice(GREEDY_RULES), default=DEFAULT_GREEDY, show_default=True,
+              help="the deterministic action the exported policy takes (see splitrl eval --greedy)")
+@click.option("--format", "formats", default=",".join(_FORMATS), show_default=True,
+              help="comma-separated: onnx, torchscript")
+@click.option("--fp16", is_flag=True, help="store the weights as float16 (half the size; computed in float32)")
+@click.option("--check", "check_steps", default=1000, show_default=True, type=click.IntRange(min=2),
+              help="observations of held-out episodes on which every file's actions are compared with the "
+                   "checkpoints'")
+@click.option("--episodes", default=0, show_default=True, type=click.IntRange(min=0),
+              help="then play this many held-out episodes with the exported policy and put the score in the card")
+def export_cmd(run_dir: str, out_dir: str, iteration: int | None, stage1_dir: str | None, greedy: str, formats: str,
+               fp16: bool, check_steps: int, episodes: int) -> None:
+    """Export the trained policy of RUN_DIR alone (no optimizer or training state): the edge half, the server
+    half and the whole policy as TorchScript and ONNX files, model.json and a model card (README.md)."""
+
+    def go() -> dict:
+        import json
+
+        from ..export import MODEL_FILE, export_run, play_exported
+
+        chosen = tuple(f.strip() for f in formats.split(",") if f.strip())
+        model = export_run(run_dir, out_dir, iteration=iteration, stage1_dir=stage1_dir, greedy=greedy, fp16=fp16,
+                           formats=chosen, check_steps=check_steps)
+        if episodes:
+            from ..export.card import write_card
+
+            fmt = "onnx" if "onnx" in chosen else "torchscript"
+            result, first = play_exported(out_dir, episodes=episodes, fmt=fmt)
+            model["evaluation"] = result.record(format=fmt, seed=first)
+            (Path(out_dir) / MODEL_FILE).write_text(json.dumps(model, indent=2))
+            write_card(Path(out_dir), model)
+        return model
+
+    model = run_cli(go)
+    files = sorted(p.name for p in Path(out_dir).iterdir())
+    size = sum(p.stat().st_size for p in Path(out_dir).iterdir())
+    click.echo(f"{out_dir}: {', '.join(files)} ({size / 1e6:.1f} MB; greedy action: {model['action']['greedy']})")
+    for fmt, gaps in model["check"].items():
+        if isinstance(gaps, dict):
+            click.echo(f"  {fmt}: largest action difference from the checkpoints over "
+                       f"{model['check']['observations']} observations: {gaps['policy']:.3g}")
+    if "evaluation" in model:
+        e = model["evaluation"]
+        click.echo(f"  held-out: {e['return_mean']:.1f} ± {e['return_std']:.1f} over {e['episodes']} episodes")

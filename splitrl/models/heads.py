@@ -105,10 +105,6 @@ class ActorCriticHeads(nn.Module):
         """CleanRL's call: (action, log-prob, entropy, value) for features ``x`` (see `evaluate`)."""
         return self.evaluate(*self.outputs(x), action, generator)
 
-    def greedy_action(self, mean: torch.Tensor) -> torch.Tensor:
-        """The action a deterministic evaluation takes: the pre-tanh mean, or the most likely index."""
-        return Categorical(mean).mode() if self.discrete else mean
-
     def wire_action(self, action: torch.Tensor) -> torch.Tensor:
         """What stage0 is sent for ``action``: tanh(u) in [-1, 1] (B, A) float32 for Box actions (stage0 maps
         it onto the Box), the index itself (B,) int64 for discrete ones."""

@@ -99,6 +99,8 @@ class PPOSettings:
     lr_encoder: float = doc(5e-5, "Adam learning rate of the stage0 encoder", above=0.0, finite=True)
     lr_heads: float = doc(1e-5, "Adam learning rate of the stage1 actor-critic heads", above=0.0,
                            finite=True)
+    lr_log_std: float = doc(0.0, "Adam learning rate of the policy's log-std (0: --lr-heads, as the paper; at "
+                                 "1e-5 the spread barely moves over a run)", min=0.0, finite=True, note="0: --lr-heads")
     max_grad_norm: float = doc(0.5, "gradient-norm clipping, applied by each stage to its own parameters",
                               above=0.0, finite=True)
     norm_reward: bool = doc(True, "divide rewards by a running std of the discounted return (gymnasium NormalizeReward)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -23,11 +23,12 @@ from torch import nn
 from ..devices import to_device, to_host
 from ..envs import EnvSpec, batch, make_single_env
 from ..models import ActorCriticHeads, agent
+from ..models.greedy import DEFAULT_GREEDY, GreedyPolicy
 from ..runs import checkpoint_iterations, load_checkpoint, run_config
 from ..settings import SettingsError, TrainSettings
 from .protocol import STAGE0, STAGE1
 
-__all__ = ["EVAL_SEED_OFFSET", "EvalResult", "Evaluation", "evaluate", "load_agent", "eval_seed", "append_eval"]
+__all__ = ["EVAL_SEED_OFFSET", "EvalResult", "Evaluation", "evaluate", "play", "load_agent", "eval_seed", "append_eval"]
 
 EVAL_SEED_OFFSET = 1_000_000
 """Held-out episodes start at seed + this. Training seeds env i once with seed + i and never again
@@ -61,10 +62,37 @@ class EvalResult:
 
 def evaluate(settings: TrainSettings, encoder: nn.Module, heads: ActorCriticHeads, spec: EnvSpec, *, episodes: int,
              seed: int, deterministic: bool = True, video_dir: str | Path | None = None,
-             max_steps: int | None = None) -> EvalResult:
-    """Run ``episodes`` episodes, episode k from ``seed + k``. ``deterministic``: the policy's most likely
-    action (tanh of the mean for Box actions, the largest logit for discrete ones); otherwise sampled, from a generator seeded with ``seed``. ``max_steps`` cuts an episode
-    (the env's own time limit applies anyway)."""
+             max_steps: int | None = None, greedy: str = DEFAULT_GREEDY) -> EvalResult:
+    """Run ``episodes`` episodes, episode k from ``seed + k``. ``deterministic``: the policy's greedy action by
+    the rule ``greedy`` (`splitrl.models.greedy`; the largest logit for discrete actions); otherwise sampled, from
+    a generator seeded with ``seed``. ``max_steps`` cuts an episode (the env's own time limit applies anyway)."""
+    device = next(heads.parameters()).device  # the encoder's too: both halves compute where the heads are
+    generator = torch.Generator().manual_seed(seed)
+    policy = GreedyPolicy.of(heads, spec.action_low, spec.action_high, settings.env.action_map, greedy).to(device)
+
+    def act(rows: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            x = encoder(to_device(torch.as_tensor(rows), device))
+            if deterministic:
+                return to_host(policy(x)).numpy()
+            u = heads.evaluate(*heads.outputs(x), generator=generator)[0]
+        return spec.env_action(to_host(heads.wire_action(u)).numpy(), settings.env.action_map)
+
+    was_training = encoder.training, heads.training
+    encoder.eval()
+    heads.eval()
+    try:
+        return play(settings, spec, act, episodes=episodes, seed=seed, video_dir=video_dir, max_steps=max_steps)
+    finally:
+        encoder.train(was_training[0])
+        heads.train(was_training[1])
+
+
+def play(settings: TrainSettings, spec: EnvSpec, act: Callable[[np.ndarray], np.ndarray], *, episodes: int,
+         seed: int, video_dir: str | Path | None = None, max_steps: int | None = None) -> EvalResult:
+    """``episodes`` whole episodes, episode k from ``seed + k``, with ``act`` (observation rows (1, ...), as
+    `EnvSpec.rows` gives them, to env actions (1, ...)) choosing every action: `evaluate`'s loop, and that of
+    an exported policy (`splitrl.export`)."""
     if episodes < 1:
         raise SettingsError(f"--episodes must be >= 1, got {episodes}")
     env = make_single_env(settings.env, render_mode="rgb_array" if video_dir else None)
@@ -72,23 +100,13 @@ def evaluate(settings: TrainSettings, encoder: nn.Module, heads: ActorCriticHead
         env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True,
                                        name_prefix=f"eval-seed{seed}", disable_logger=True)
     stacked = settings.env.image_pipeline[1] > 1
-    device = next(heads.parameters()).device  # the encoder's too: both halves compute where the heads are
-    generator = torch.Generator().manual_seed(seed)
     returns, lengths = [], []
-    was_training = encoder.training, heads.training
-    encoder.eval()
-    heads.eval()
     try:
         for k in range(episodes):
             obs, _ = env.reset(seed=seed + k)
             total, steps, done = 0.0, 0, False
             while not done:
-                with torch.no_grad():
-                    x = encoder(to_device(torch.as_tensor(spec.rows(batch([obs]), stacked)), device))
-                    mean, value = heads.outputs(x)
-                    u = heads.greedy_action(mean) if deterministic else heads.evaluate(mean, value,
-                                                                                       generator=generator)[0]
-                action = spec.env_action(to_host(heads.wire_action(u)).numpy(), settings.env.action_map)[0]
+                action = act(spec.rows(batch([obs]), stacked))[0]
                 obs, reward, terminated, truncated, _ = env.step(action)
                 total += float(reward)
                 steps += 1
@@ -97,8 +115,6 @@ def evaluate(settings: TrainSettings, encoder: nn.Module, heads: ActorCriticHead
             lengths.append(steps)
     finally:
         env.close()  # RecordVideo writes the last episode's file here
-        encoder.train(was_training[0])
-        heads.train(was_training[1])
     return EvalResult(returns, lengths)
 
 

@@ -33,7 +33,7 @@ from ..codecs import CodecSet, Context
 from ..devices import to_host
 from ..envs import EnvSpec
 from ..models import ActorCriticHeads, agent
-from ..ppo import anneal, explained_variance, minibatch_schedule
+from ..ppo import explained_variance, minibatch_schedule
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
 from .autoencoder import Autoencoder, sampled, unpack_sample
@@ -238,7 +238,7 @@ class Learner:
         their values stay the acting network's, the baseline being the rescored values with ``--rescore``."""
         ppo, stored = self.settings.ppo, self.rollouts
         self.train_iteration = iteration
-        anneal(self.optimizer, ppo.lr_heads * ppo.lr_fraction(iteration, self.settings.num_iterations))
+        self.update.anneal(ppo.lr_fraction(iteration, self.settings.num_iterations))
         buffer, per_iteration = self.train_buffer, self.settings.versions_per_iteration
         lag = (iteration - 1) * per_iteration - stored.versions[iteration]  # in versions: iterations, or epochs
         rescored = self.decoupled.rescored is not None

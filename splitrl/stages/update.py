@@ -46,12 +46,22 @@ class PPOUpdate:
     def __init__(self, heads: ActorCriticHeads, params: list[nn.Parameter], ppo: PPOSettings,
                  learners: Callable[[], Learners]) -> None:
         self.heads, self.params, self.ppo, self.learners = heads, params, ppo, learners
-        self.optimizer = torch.optim.Adam(params, lr=ppo.lr_heads, eps=1e-5)
+        spread = getattr(heads, "actor_logstd", None) if ppo.lr_log_std else None
+        groups: list[dict] = [{"params": [p for p in params if p is not spread]}]
+        if spread is not None and any(p is spread for p in params):  # its own group only when its rate is its own
+            groups.append({"params": [spread], "lr": ppo.lr_log_std})
+        self.optimizer = torch.optim.Adam(groups, lr=ppo.lr_heads, eps=1e-5)
         self.decoupled = DecoupledPPO()
         self.stats: dict[str, list[float]] = defaultdict(list)
         """Each minibatch's statistics (and anything else the iteration logs as a mean), by key."""
         self._parts: dict[str, float] = {}
         """The statistics of the minibatch being taken in parts, weighted by each part's share so far."""
+
+    def anneal(self, fraction: float) -> None:
+        """Each parameter group's learning rate at ``fraction`` of its setting (CleanRL's ``--anneal-lr``)."""
+        rates = [self.ppo.lr_heads, self.ppo.lr_log_std]
+        for group, rate in zip(self.optimizer.param_groups, rates):
+            group["lr"] = rate * fraction
 
     def loss(self, buffer: RolloutBuffer, idx: torch.Tensor, mean: torch.Tensor, value: torch.Tensor,
              minibatch: torch.Tensor | None = None) -> torch.Tensor:

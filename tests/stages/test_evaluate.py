@@ -27,16 +27,22 @@ def _metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_eval_scores_the_same_seeds_the_same_and_writes_eval_jsonl(trained):
-    first = splitrl_here("eval", str(trained), "--episodes", "2", "--threads", "1")
-    again = splitrl_here("eval", str(trained), "--episodes", "2", "--threads", "1")
-    assert "over 2 episodes" in first.stdout and first.stdout == again.stdout
+def test_eval_scores_the_same_seeds_the_same_and_writes_eval_jsonl_only_when_asked(trained):
+    both = splitrl_here("eval", str(trained), "--episodes", "2", "--threads", "1")
+    lines = both.stdout.splitlines()
+    assert "deterministic (expected)" in lines[0] and "sampled" in lines[1]  # side by side, the same seeds
+    assert all("seeds 1000001..1000002" in line for line in lines[:2]) and not (trained / "eval.jsonl").exists()
+    first = splitrl_here("eval", str(trained), "--episodes", "2", "--threads", "1", "--deterministic", "--record")
+    again = splitrl_here("eval", str(trained), "--episodes", "2", "--threads", "1", "--deterministic", "--record")
+    assert "over 2 episodes" in first.stdout and first.stdout == again.stdout and first.stdout in both.stdout
     rows = [json.loads(line) for line in (trained / "eval.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and rows[0]["returns"] == rows[1]["returns"] and rows[0]["iteration"] == 2
     assert rows[0]["seed"] == 1 + EVAL_SEED_OFFSET and rows[0]["lengths"] == [20, 20]  # --max-episode-steps 20
-    other = splitrl_here("eval", str(trained), "--episodes", "2", "--seed", "7", "--sample", "--iteration", "1")
+    assert rows[0]["greedy"] == "expected" and rows[0]["deterministic"] is True
+    other = splitrl_here("eval", str(trained), "--episodes", "2", "--seed", "7", "--sample", "--iteration", "1",
+                         "--record")
     assert json.loads((trained / "eval.jsonl").read_text().splitlines()[-1])["returns"] != rows[0]["returns"]
-    assert "sampled" in other.stdout and "iteration 1:" in other.stdout
+    assert "sampled" in other.stdout and "iteration 1:" in other.stdout and "deterministic" not in other.stdout
 
 
 def test_eval_refuses_what_it_cannot_load(trained, tmp_path):
@@ -49,8 +55,8 @@ def test_eval_refuses_what_it_cannot_load(trained, tmp_path):
 def test_video_is_a_playable_mp4_of_every_episode(trained, tmp_path):
     from moviepy import VideoFileClip  # the library RecordVideo writes with
 
-    splitrl_here("eval", str(trained), "--episodes", "1", "--video", str(tmp_path / "video"))
-    (video,) = sorted((tmp_path / "video").glob("*.mp4"))
+    splitrl_here("eval", str(trained), "--episodes", "1", "--deterministic", "--video", str(tmp_path / "video"))
+    (video,) = sorted((tmp_path / "video").glob("**/*.mp4"))
     clip = VideoFileClip(str(video))
     try:
         frames = sum(1 for _ in clip.iter_frames())
@@ -71,7 +77,7 @@ def test_evaluation_during_training_changes_neither_training_nor_its_bytes(train
     assert link_bytes(scored[-1]) == link_bytes(plain[-1]) < link_bytes(scored[-1], everything=True)
     assert scored[-1]["net/eval_heads/recv_bytes"] > 0 and scored[-1]["time/eval"] > 0
     # the final checkpoint's score is what `splitrl eval` finds on the same held-out seeds
-    splitrl_here("eval", str(run), "--episodes", "2", "--threads", "1")
+    splitrl_here("eval", str(run), "--episodes", "2", "--threads", "1", "--deterministic", "--record")
     assert json.loads((run / "eval.jsonl").read_text().splitlines()[-1])["return_mean"] == \
         pytest.approx(scored[-1]["eval/return_mean"])
 

@@ -136,3 +136,22 @@ def test_a_minibatch_in_shares_gives_the_whole_minibatchs_gradient():
     whole = _heads_grad(learner, [(idx, None)])
     shares = _heads_grad(learner, [(idx[idx % 2 == e], idx) for e in (0, 1)])
     assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-5) for a, b in zip(whole, shares))
+
+
+def test_the_log_std_steps_at_its_own_rate_only_when_given_one():
+    """``--lr-log-std``: the policy's spread in an Adam group of its own at that rate (annealed with the rest);
+    left at 0, one group at the heads' rate, as the paper's runs and their checkpoints have it."""
+    plain = Learner(SETTINGS, SPEC, slots=2)
+    assert [g["lr"] for g in plain.optimizer.param_groups] == [SETTINGS.ppo.lr_heads]
+    own = TrainSettings(env=SETTINGS.env, ppo=PPOSettings(num_steps=4, epochs=1, minibatches=2, lr_log_std=0.01,
+                                                          anneal_lr=True))
+    learner = Learner(own, SPEC, slots=2)
+    rest, spread = learner.optimizer.param_groups
+    assert spread["params"] == [learner.heads.actor_logstd] and spread["lr"] == 0.01
+    assert all(p is not learner.heads.actor_logstd for p in rest["params"]) and rest["lr"] == own.ppo.lr_heads
+    learner.update.anneal(0.5)
+    assert (rest["lr"], spread["lr"]) == (own.ppo.lr_heads * 0.5, 0.005)
+    before = learner.heads.actor_logstd.detach().clone()
+    learner.heads.actor_logstd.grad = torch.ones(3)
+    learner.optimizer.step()  # Adam's first step moves each value by its rate
+    assert torch.allclose(before - learner.heads.actor_logstd.detach(), torch.full((3,), 0.005), atol=1e-6)
