@@ -139,7 +139,7 @@ def stage0_finish(edge: Edge, exchange: EdgeExchange, link: Transport, clock: Ph
         assert evaluation is not None
         with clock("eval"):
             heads = expect(link, "eval_heads", iteration=iteration)
-            stats.update(evaluation.run(edge.net, dict(heads.tensors)))
+            stats.update(evaluation.run(edge.net, dict(heads.tensors), iteration))
     if checkpoint and edge.run_log is not None:
         state = {**edge.state_dict(rollout), "exchange": exchange.state_dict(), "meter": link.meter.snapshot()}
         edge.run_log.checkpoint(STAGE0, iteration, state)
