@@ -108,6 +108,10 @@ class RunLog:
         metrics record as it is written (and is flushed then, so TensorBoard shows a run while it trains)."""
         if tensorboard:
             self.board = summary_writer(self.dir / "tensorboard")
+        self.tracker: Any = None
+        """With ``--track``, what also gets every metrics record and episode line, and is closed with the log:
+        an object with ``metrics(record)``, ``episode(record)`` and ``close()``
+        (`splitrl.runner.tracking.WandbTracker`)."""
 
     def write_config(self, config: dict[str, Any], name: str = "config.json") -> None:
         (self.dir / name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -122,14 +126,21 @@ class RunLog:
             for key, value in metric_scalars(record):
                 self.board.add_scalar(key, value, record["global_step"])
             self.board.flush()
+        if self.tracker is not None:
+            self.tracker.metrics(record)
 
     def close(self) -> None:
         if self.board is not None:
             self.board.close()
             self.board = None
+        if self.tracker is not None:
+            tracker, self.tracker = self.tracker, None
+            tracker.close()
 
     def episode(self, record: dict[str, Any]) -> None:
         self._append("episodes.jsonl", record)
+        if self.tracker is not None:
+            self.tracker.episode(record)
 
     def checkpoint(self, stage: str, iteration: int, state: dict[str, Any]) -> Path:
         """Write ``state`` as ``stage``'s checkpoint of ``iteration``; `CheckpointError` naming the path if it fails."""

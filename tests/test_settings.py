@@ -168,6 +168,7 @@ EXAMPLES: list[tuple[str, TrainSettings, RunOptions]] = [
     ("--curve needs --transport zmq", TrainSettings(), RunOptions(curve="keys", transport="tcp")),
     ("it needs --checkpoint-every >= 1", TrainSettings(), RunOptions(rejoin=5, checkpoint_every=0)),
     ("--rejoin needs --heartbeat > 0", TrainSettings(), RunOptions(rejoin=5, heartbeat=0)),
+    ("--capture-video records the evaluations' episodes", TrainSettings(), RunOptions(capture_video=True)),
     ("--edge-id 2: the fleet has --edges 2 (ids 0 .. 1)", TrainSettings(total_steps=8192, schedule=FLEET),
      RunOptions(edge_id=2)),
     ("--min-edges 3: the fleet has --edges 2", TrainSettings(total_steps=8192, schedule=FLEET),

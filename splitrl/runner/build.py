@@ -3,6 +3,7 @@ copies as the schedule needs, and the schedule that drives them."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 
 from ..devices import resolve_device
@@ -29,11 +30,15 @@ def make_edge(settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None, op
                 device=resolve_device(options.stage0_device))
 
 
-def make_evaluation(settings: TrainSettings, spec: EnvSpec, options: RunOptions) -> Evaluation | None:
-    """Stage0's scoring during training, if ``--eval-every`` asks for it (on stage0's device)."""
+def make_evaluation(settings: TrainSettings, spec: EnvSpec, options: RunOptions,
+                    run_dir: str | Path | None = None) -> Evaluation | None:
+    """Stage0's scoring during training, if ``--eval-every`` asks for it (on stage0's device); with
+    ``--capture-video``, its videos in ``run_dir``/videos/."""
     if not options.eval_every:
         return None
-    return Evaluation(settings, spec, options.eval_every, options.eval_episodes, resolve_device(options.stage0_device))
+    videos = Path(run_dir) / "videos" if options.capture_video and run_dir is not None else None
+    return Evaluation(settings, spec, options.eval_every, options.eval_episodes, resolve_device(options.stage0_device),
+                      video_dir=videos, video_every=options.video_every)
 
 
 def make_learner(settings: TrainSettings, spec: EnvSpec, options: RunOptions | None = None) -> Learner:

@@ -26,6 +26,7 @@ from ..stages import STAGE0, STAGE1
 from ..transport import ProtocolError
 from ..transport.errors import peer_repr
 from ..transport.handshake import HandshakeError
+from .tracking import WandbTracker
 
 __all__ = ["prepare", "resume_point", "recorded_checkpoints"]
 
@@ -68,6 +69,8 @@ def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[Tr
         "devices": {stage: describe_device(device) for stage, device in devices.items()},
     }
     run_log.write_config(config, config_name)
+    if options.track and role != STAGE1:  # the metrics' process, as TensorBoard's
+        run_log.tracker = WandbTracker(settings, options, run_dir, config)
     return settings, spec, run_log
 
 

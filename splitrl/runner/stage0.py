@@ -103,6 +103,6 @@ def run_stage0(settings: TrainSettings, options: RunOptions, connect: str) -> li
             edge = build.make_edge(settings, spec, run_log, options, edge_id)
             return serve_stage0(edge, link, checkpoint_every=options.checkpoint_every,
                                 start_timeout=options.start_timeout, resume=bool(options.resume),
-                                evaluation=build.make_evaluation(settings, spec, options))
+                                evaluation=build.make_evaluation(settings, spec, options, run_log.dir))
     finally:
         run_log.close()

@@ -48,7 +48,7 @@ def train_twin(settings: TrainSettings, options: RunOptions) -> list[dict[str, A
     try:
         records = serve_stage0(edge, link0, checkpoint_every=options.checkpoint_every,
                                start_timeout=options.start_timeout, resume=bool(options.resume),
-                               evaluation=build.make_evaluation(settings, spec, options))
+                               evaluation=build.make_evaluation(settings, spec, options, run_log.dir))
     except (PeerAbort, TransportTimeout):
         thread.join(timeout=10)
         if failure:  # stage0 only heard that stage1 stopped: stage1's own error says why

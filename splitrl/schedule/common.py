@@ -16,6 +16,7 @@ from ..stages import STAGE0, STAGE1, Edge, EdgeExchange, Learner, LearnerExchang
 from ..stages.evaluate import Evaluation
 from ..transport import Message, ProtocolError, Transport
 from ..transport.errors import peer_repr
+from .progress import IterationBar, bar_wanted
 
 __all__ = ["torch_thread", "PhaseClock", "expect", "after_progress", "stops", "stage0_after_rollout", "iteration_stats",
            "IterationLog", "checkpoint_due", "stage0_finish", "stage1_finish", "progress_line"]
@@ -139,7 +140,7 @@ def stage0_finish(edge: Edge, exchange: EdgeExchange, link: Transport, clock: Ph
         assert evaluation is not None
         with clock("eval"):
             heads = expect(link, "eval_heads", iteration=iteration)
-            stats.update(evaluation.run(edge.net, dict(heads.tensors)))
+            stats.update(evaluation.run(edge.net, dict(heads.tensors), iteration))
     if checkpoint and edge.run_log is not None:
         state = {**edge.state_dict(rollout), "exchange": exchange.state_dict(), "meter": link.meter.snapshot()}
         edge.run_log.checkpoint(STAGE0, iteration, state)
@@ -194,11 +195,17 @@ class IterationLog:
         self.iter_start = self.run_start
         self.cpu_start = time.process_time()
         self.envs_cpu_start = edge.env_cpu_seconds()
+        self.bar = IterationBar(edge.settings, link.meter) if bar_wanted() else None
+        """A terminal's progress bar inside each iteration (`splitrl.schedule.progress`), told by the edge."""
+        if self.bar is not None:
+            edge.progress = self.bar
 
     def start(self) -> None:
         self.iter_start = time.perf_counter()
         self.cpu_start = time.process_time()
         self.envs_cpu_start = self.edge.env_cpu_seconds()
+        if self.bar is not None:
+            self.bar.begin()
 
     def end(self, iteration: int, clock: PhaseClock, stats: dict[str, Any],
             rollout: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -248,6 +255,8 @@ class IterationLog:
         edge.tuning.last_record = record
         if edge.run_log is not None:
             edge.run_log.metrics(record)
+        if self.bar is not None:
+            self.bar.end()  # off the terminal before the iteration's line
         log.info("[stage0] %s", progress_line(record, s.num_iterations, len(self.records)))
         return record
 

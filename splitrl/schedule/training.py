@@ -98,6 +98,7 @@ def stage0_train(edge: Edge, exchange: EdgeExchange, link: Transport, clock: Pha
                 with clock("encoder"):
                     edge.backward(out.out, grad)
             stop = step(epoch, mb, len(minibatches), bool(sent), stop)
+            edge.progress.minibatch()
         if on_epoch is not None:
             on_epoch(epoch, stop or epoch == len(order) - 1)
         if stop:  # stage1 saw the KL pass --target-kl

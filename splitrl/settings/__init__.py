@@ -14,7 +14,8 @@ from ..errors import SettingsError
 from .options import doc, field_errors, option_name
 from .rules import RULES, Rule
 from .sections import (ACTION_MAPS, BOTTLENECK_TRAINING, CUTS, PUBLISH, SCHEDULES, TRANSPORTS, VECTOR_MODES,
-                       CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings)
+                       TRACK_MISSING, CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings,
+                       TrainSettings, installed)
 from .specs import (CODEC_NAMES, CODEC_STREAMS, ENCODER_SYNCS, EXCHANGES, FLEET_CODECS, MODEL_NAMES, OUTPUT_CODECS,
                     SYNC_MODES, EncoderSync, Exchange)
 
@@ -22,4 +23,4 @@ __all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "Exchange", "EXCHANGES
            "ENCODER_SYNCS", "EncoderSync", "FLEET_CODECS", "option_name", "SettingsError", "TrainSettings",
            "RunOptions", "ACTION_MAPS", "CUTS", "TRANSPORTS", "CODEC_NAMES", "CODEC_STREAMS", "VECTOR_MODES", "doc",
            "field_errors", "Rule", "RULES", "PUBLISH", "BOTTLENECK_TRAINING", "SYNC_MODES", "OUTPUT_CODECS",
-           "MODEL_NAMES"]
+           "MODEL_NAMES", "TRACK_MISSING", "installed"]

@@ -189,6 +189,8 @@ RULES: list[Rule] = [
          "--rejoin continues from a checkpoint: it needs --checkpoint-every >= 1"),
     Rule("options", lambda s, o: o.rejoin and not o.heartbeat,
          "--rejoin needs --heartbeat > 0: that is how a lost stage0 is noticed"),
+    Rule("options", lambda s, o: o.capture_video and not o.eval_every,
+         "--capture-video records the evaluations' episodes: it needs --eval-every N"),
     # -- a process's options against the training settings ------------------------------------------------
     Rule("launch", lambda s, o: o.edge_id >= s.schedule.edges,
          lambda s, o: f"--edge-id {o.edge_id}: the fleet has --edges {s.schedule.edges} "

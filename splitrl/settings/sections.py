@@ -10,6 +10,7 @@ Fields that both stages must agree on (`TrainSettings.shared`) go into the hands
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -22,7 +23,20 @@ from .specs import (AUTO_MODEL, AUTO_MODELS, MODEL_NAMES, EncoderSync, Exchange,
                     parse_env_kwargs, parse_link_budget, parse_model_kwargs)
 
 __all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "ScheduleSettings", "TrainSettings", "RunOptions",
-           "TRANSPORTS", "CUTS", "ACTION_MAPS", "VECTOR_MODES", "SCHEDULES", "PUBLISH", "BOTTLENECK_TRAINING"]
+           "TRANSPORTS", "CUTS", "ACTION_MAPS", "VECTOR_MODES", "SCHEDULES", "PUBLISH", "BOTTLENECK_TRAINING",
+           "TRACK_MISSING", "installed"]
+
+TRACK_MISSING = "--track needs the wandb package: pip install -c constraints.txt -e '.[wandb]' (the wandb extra)"
+
+
+def installed(package: str) -> bool:
+    """Whether ``package`` imports (imported only for an option that needs it: the settings stay import-light)."""
+    try:
+        importlib.import_module(package)
+    except ImportError:
+        return False
+    return True
+
 
 TRANSPORTS = ("zmq", "tcp", "torch-rpc")
 CUTS = ("cnn", "input")
@@ -406,6 +420,14 @@ class RunOptions:
     eval_episodes: int = doc(5, "episodes of each evaluation during training", min=1)
     tensorboard: bool = doc(False, "stage0: also write every metric to TensorBoard event files in the run directory "
                                    "as each iteration ends (both stages' keys)")
+    capture_video: bool = doc(False, "stage0: record the first episode of every --video-every-th evaluation during "
+                                     "training (and of the last) as an mp4 in RUN_DIR/videos/, as `splitrl eval "
+                                     "--video` does; needs --eval-every")
+    video_every: int = doc(1, "with --capture-video: record every Nth evaluation's episode", min=1)
+    track: bool = doc(False, "stage0: also log the metrics to Weights & Biases as each iteration ends, with CleanRL's "
+                             "keys and the link's bytes as link/* (CleanRL's --track; needs the wandb extra)")
+    wandb_project_name: str = doc("splitrl", "with --track: the W&B project")
+    wandb_entity: str = doc("", "with --track: the W&B entity, a team or user (empty: your default one)")
 
     def act_wait_seconds(self) -> float | None:
         """``--act-wait`` in seconds; None for 'all' (lock step); NaN if it is neither."""
@@ -437,7 +459,12 @@ class RunOptions:
 
     def errors(self) -> list[str]:
         """Every problem of these options alone (`TrainSettings.validate` checks them against the settings)."""
-        return field_errors(self) + rule_errors("options", None, self)
+        return field_errors(self) + rule_errors("options", None, self) + self.package_errors()
+
+    def package_errors(self) -> list[str]:
+        """What this machine lacks for the options asked: the optional packages they need, each message naming
+        the extra that installs it."""
+        return [TRACK_MISSING] if self.track and not installed("wandb") else []
 
     def to_argv(self) -> list[str]:
         """The command-line options that rebuild these options."""

@@ -44,6 +44,7 @@ from .budget import CodecTuning
 from .env_groups import EnvGroups
 from .episodes import Episodes
 from .fleet_encoder import EdgeEncoder
+from .progress import Progress
 from .protocol import Payload, tensor
 from .rollouts import Slots
 from .versions import PolicyVersions
@@ -104,6 +105,8 @@ class Edge:
         """The iteration being trained on."""
         self.episodes = Episodes(run_log)
         """The finished episodes' returns and their EMA."""
+        self.progress = Progress()
+        """Told of each env step and training minibatch (a terminal's progress bar replaces it)."""
 
     acting = property(lambda self: self.policy.acting, doc="The encoder the rollout acts with (`net` itself "
                       "without an acting copy).")
@@ -202,6 +205,7 @@ class Edge:
         reward, terminated, truncated, info = self.envs.finish_step(g)
         self.global_step += self.groups.size * self.settings.schedule.edges  # a fleet's edges step in lock step
         self.episodes.record(info, self.offset + self.groups.rows[g], self.global_step, self.iteration)
+        self.progress.steps(self.groups.size)
         self.outcome[g] = self._outcome(reward, terminated, truncated, info, g)
 
     def end_rollout(self, g: int = 0) -> Payload:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,10 +63,13 @@ class EvalResult:
 
 def evaluate(settings: TrainSettings, encoder: nn.Module, heads: ActorCriticHeads, spec: EnvSpec, *, episodes: int,
              seed: int, deterministic: bool = True, video_dir: str | Path | None = None,
-             max_steps: int | None = None, greedy: str = DEFAULT_GREEDY) -> EvalResult:
+             max_steps: int | None = None, greedy: str = DEFAULT_GREEDY, video_episodes: int | None = None,
+             video_prefix: str | None = None) -> EvalResult:
     """Run ``episodes`` episodes, episode k from ``seed + k``. ``deterministic``: the policy's greedy action by
     the rule ``greedy`` (`splitrl.models.greedy`; the largest logit for discrete actions); otherwise sampled, from
-    a generator seeded with ``seed``. ``max_steps`` cuts an episode (the env's own time limit applies anyway)."""
+    a generator seeded with ``seed``. ``max_steps`` cuts an episode (the env's own time limit applies anyway).
+    ``video_dir``: an mp4 of each of the first ``video_episodes`` episodes (default all) there, named
+    ``PREFIX-episode-K.mp4`` (``video_prefix``, default ``eval-seedSEED``)."""
     device = next(heads.parameters()).device  # the encoder's too: both halves compute where the heads are
     generator = torch.Generator().manual_seed(seed)
     policy = GreedyPolicy.of(heads, spec.action_low, spec.action_high, settings.env.action_map, greedy).to(device)
@@ -82,14 +86,16 @@ def evaluate(settings: TrainSettings, encoder: nn.Module, heads: ActorCriticHead
     encoder.eval()
     heads.eval()
     try:
-        return play(settings, spec, act, episodes=episodes, seed=seed, video_dir=video_dir, max_steps=max_steps)
+        return play(settings, spec, act, episodes=episodes, seed=seed, video_dir=video_dir, max_steps=max_steps,
+                    video_episodes=video_episodes, video_prefix=video_prefix)
     finally:
         encoder.train(was_training[0])
         heads.train(was_training[1])
 
 
 def play(settings: TrainSettings, spec: EnvSpec, act: Callable[[np.ndarray], np.ndarray], *, episodes: int,
-         seed: int, video_dir: str | Path | None = None, max_steps: int | None = None) -> EvalResult:
+         seed: int, video_dir: str | Path | None = None, max_steps: int | None = None,
+         video_episodes: int | None = None, video_prefix: str | None = None) -> EvalResult:
     """``episodes`` whole episodes, episode k from ``seed + k``, with ``act`` (observation rows (1, ...), as
     `EnvSpec.rows` gives them, to env actions (1, ...)) choosing every action: `evaluate`'s loop, and that of
     an exported policy (`splitrl.export`)."""
@@ -97,8 +103,12 @@ def play(settings: TrainSettings, spec: EnvSpec, act: Callable[[np.ndarray], np.
         raise SettingsError(f"--episodes must be >= 1, got {episodes}")
     env = make_single_env(settings.env, render_mode="rgb_array" if video_dir else None)
     if video_dir:
-        env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True,
-                                       name_prefix=f"eval-seed{seed}", disable_logger=True)
+        filmed = episodes if video_episodes is None else video_episodes
+        with warnings.catch_warnings():
+            if video_prefix:  # training's videos share a folder: each evaluation's prefix keeps the others
+                warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+            env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda k: k < filmed,
+                                           name_prefix=video_prefix or f"eval-seed{seed}", disable_logger=True)
     stacked = settings.env.image_pipeline[1] > 1
     returns, lengths = [], []
     try:
@@ -132,23 +142,40 @@ class Evaluation:
     """
 
     def __init__(self, settings: TrainSettings, spec: EnvSpec, every: int, episodes: int,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", video_dir: str | Path | None = None,
+                 video_every: int = 1) -> None:
         self.settings, self.spec, self.every, self.episodes = settings, spec, every, episodes
         self.device = torch.device(device)
         """stage0's device, where its encoder is: the heads are put beside it."""
+        self.video_dir, self.video_every = video_dir, video_every
+        """``--capture-video``: the first episode of every ``video_every``-th evaluation (and of the last) as an
+        mp4 in ``video_dir``, ``iterNNNNN-episode-0.mp4`` (`filmed`)."""
         self._heads: ActorCriticHeads | None = None
 
     def due(self, iteration: int) -> bool:
         """After every ``every``-th iteration and after the last."""
         return self.every > 0 and (iteration % self.every == 0 or iteration == self.settings.num_iterations)
 
-    def run(self, encoder: nn.Module, heads_state: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Score ``encoder`` with heads of ``heads_state``; the metrics keys of the iteration's record."""
+    def filmed(self, iteration: int) -> bool:
+        """Whether the evaluation after ``iteration`` records its first episode: the evaluations are counted
+        1, 2, ... by iteration (the one after the last iteration is the next count), so a resumed run films
+        the same ones."""
+        count = -(-iteration // self.every)
+        return self.video_dir is not None and (count % self.video_every == 0
+                                               or iteration == self.settings.num_iterations)
+
+    def run(self, encoder: nn.Module, heads_state: dict[str, torch.Tensor],
+            iteration: int | None = None) -> dict[str, float]:
+        """Score ``encoder`` with heads of ``heads_state`` after ``iteration`` (the video's, if `filmed`); the
+        metrics keys of the iteration's record."""
         s = self.settings
         if self._heads is None:
             self._heads = agent(s, self.spec)[1].to(self.device)
         self._heads.load_state_dict(heads_state)
-        result = evaluate(s, encoder, self._heads, self.spec, episodes=self.episodes, seed=eval_seed(s))
+        film = iteration is not None and self.filmed(iteration)
+        result = evaluate(s, encoder, self._heads, self.spec, episodes=self.episodes, seed=eval_seed(s),
+                          video_dir=self.video_dir if film else None, video_episodes=1,
+                          video_prefix=f"iter{iteration:05d}" if film else None)
         return {"eval/return_mean": result.mean, "eval/return_std": result.std, "eval/episodes": len(result.returns)}
 
 
