@@ -1,5 +1,5 @@
-"""The documentation: the site builds strictly, its generated reference follows the code, and the metrics page
-names every key the runs write."""
+"""The documentation: the site builds strictly, its generated reference follows the code, the metrics page names
+every key the runs write, and the README stays a front page whose links resolve."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 HOOKS = ROOT / "docs" / "hooks"
+README_LINES = 200
+"""The README is a front page; what a user needs beyond it lives in docs/."""
+
 METRIC_PREFIXES = ("charts", "losses", "time", "cpu", "eval", "fleet", "async", "budget", "link", "schedule",
                    "autoencoder", "net", "net_total")
 
@@ -137,3 +140,13 @@ def test_the_metrics_page_names_every_key_the_runs_write_and_the_code_names():
     undocumented = sorted(k for k in recorded | in_code if not any(p.match(k) for p in documented))
     assert undocumented == [], f"metrics keys missing from docs/reference/metrics.md: {undocumented}"
 
+
+def test_the_readme_is_a_front_page_whose_links_resolve():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= README_LINES
+    links = [m.group(1) for m in re.finditer(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text) if "://" not in m.group(1)]
+    assert links, "no links found"
+    assert [link for link in links if not (ROOT / link).exists()] == []
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b|\bissue \d+|\bsession \d+", text, re.IGNORECASE), \
+        "the README has no dates, issue numbers or work-log"
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
