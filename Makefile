@@ -1,10 +1,10 @@
-# Two entry points, both self-installing: `make run` and `make test`.
+# Two entry points, both self-installing: `make run` and `make test` (and `make docs`, the site).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench clean
+.PHONY: run test bench docs clean
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,5 +29,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/splitrl bench transport $(ARGS)
 
+## docs: the documentation site (mkdocs-material, mkdocs.yml), built strictly into site/; the CLI reference
+## is generated from the commands (docs/hooks/reference.py). `$(BIN)/mkdocs serve` shows it while you edit.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info site

@@ -1,4 +1,4 @@
-"""A network of your own for splitrl: a factory in a module of your own (README: Bring your own network).
+"""A network of your own for splitrl: a factory in a module of your own (docs/guides/network.md).
 
     splitrl train --model examples.my_encoder:small_cnn --model-kwargs channels=16,features=128 --cut fc
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18's paper-length runs: 100 iterations (409,600 steps) of the paper's PPO, two seeds each of bf16,
+# The paper-length runs: 100 iterations (409,600 steps) of the paper's PPO, two seeds each of bf16,
 # the paper's p90, the best split (ours-bottleneck) and the cloud setup, with the fastest lossless schedule
 # (4 envs x 1024 steps in 4 groups, 2 micro-batches; the paper codec takes no micro-batches: its accumulator is
 # positional over a whole minibatch).
@@ -10,7 +10,7 @@
 # script on the same machine continues where it stopped. Records are committed (scripts/keep_run.sh), never
 # checkpoints: the runs committed under docs/results/paper-length/ before that rule kept theirs in git history
 # only, so a fresh clone starts a run again unless $KEPT holds its checkpoints. One run at a time: a pipelined run keeps both of this machine's cores busy.
-# bf16's two runs start from the 25-iteration runs of docs/results/pipeline.md (runs/pipeline-learning-seedN/
+# bf16's two runs start from the 25-iteration runs of docs/benchmarks/pipeline.md (runs/pipeline-learning-seedN/
 # bf16-pipelined, the same settings but --total-steps), copied, when those are on disk.
 set -euo pipefail
 cd "$(dirname "$0")/.."

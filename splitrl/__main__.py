@@ -6,7 +6,7 @@ import os
 def main() -> None:
     # Two stages on one machine take turns: OpenMP threads that spin after each
     # parallel region (libgomp's default) steal the cores the other stage needs,
-    # which makes a split iteration on few cores about twice as slow (docs/results/e2e.md);
+    # which makes a split iteration on few cores about twice as slow (docs/benchmarks/e2e.md);
     # the twin is unaffected. Must be set before torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from .cli import main as cli_main

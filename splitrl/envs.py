@@ -244,7 +244,7 @@ def worker_cpu_seconds(stepper: StepInTwo) -> float | None:
 
 ASYNC_FROM_ENVS = 4
 """``--vector auto`` steps this many envs or more in worker processes: where `splitrl bench vector` finds
-AsyncVectorEnv faster (docs/results/vector.md)."""
+AsyncVectorEnv faster (docs/benchmarks/vector.md)."""
 
 
 def choose_vector(mode: str, num_envs: int) -> str:

@@ -48,7 +48,7 @@ __all__ = ["Timings", "Rates", "Link", "Plan", "RunConfig", "load_run", "calibra
 
 TCP_GOODPUT = MSS_BYTES / FRAME_BYTES
 """Application bytes per byte tc counts on a full-size segment (Ethernet 14 + IPv4 20 + TCP 20 + timestamps 12 of
-headers): the ceiling `splitrl bench lab` finds on a shaped link (docs/results/lab.md)."""
+headers): the ceiling `splitrl bench lab` finds on a shaped link (docs/benchmarks/lab.md)."""
 
 
 @dataclass(frozen=True)
@@ -411,7 +411,7 @@ def layouts(settings: "TrainSettings", *, allow_stale: bool = False) -> list[tup
     """Candidate schedules for ``settings``' envs and samples: (name, settings, threads). The synchronous
     one at torch's default threads; the overlapping ones at one thread a stage (two processes computing at
     once), every divisor of the envs as groups, micro-batches 1, 2, 4 dividing the minibatch; ``allow_stale``:
-    the asynchronous schedule too (its samples are one version old: learning changes, docs/results/pipeline.md)."""
+    the asynchronous schedule too (its samples are one version old: learning changes, docs/benchmarks/pipeline.md)."""
     envs = settings.env.num_envs
     _, _, minibatch = batches(settings)
     sched = settings.schedule

@@ -147,7 +147,7 @@ def test_envs_restored_from_a_snapshot_go_on_exactly_as_the_originals(vector):
 def test_vector_auto_steps_envs_in_workers_from_four_envs_on():
     from splitrl.envs import ASYNC_FROM_ENVS, choose_vector
 
-    assert ASYNC_FROM_ENVS == 4  # where docs/results/vector.md measured AsyncVectorEnv faster
+    assert ASYNC_FROM_ENVS == 4  # where docs/benchmarks/vector.md measured AsyncVectorEnv faster
     assert [choose_vector("auto", n) for n in (1, 2, 3, 4, 8)] == ["sync"] * 3 + ["async"] * 2
     assert choose_vector("sync", 8) == "sync" and choose_vector("async", 1) == "async"
     with pytest.raises(ValueError, match="vector must be one of auto, sync, async"):

@@ -30,7 +30,7 @@ CONFIGS: dict[str, list[str]] = {
                       "--codec-bwd", "ef:density=0.02,values=int8"],
     # The first "ours" stalled after iteration 16 with 2 % gradients. This one gives the
     # gradients three times the budget and pays for it with the forward deltas, whose top-2 %
-    # cut the view's error only from 4.3 % to 3.7 % (docs/results/codecs.md).
+    # cut the view's error only from 4.3 % to 3.7 % (docs/benchmarks/codecs.md).
     "ours-ef6": ["--codec-rollout", "int8+zstd", "--codec-fwd", "delta:q=none",
                  "--codec-bwd", "ef:density=0.06,values=int8+zstd"],
     # ours-ef6 fell behind as well while the paper's p90, with exact float32 features, kept up:
@@ -70,7 +70,7 @@ CONFIGS: dict[str, list[str]] = {
     "async": ["--num-envs", "4", "--num-steps", "1024", "--rollout-groups", "4", "--microbatches", "2",
               "--vector", "async", "--async"],
     # The same two schedules with bf16 on the link, to compare with bf16's synchronous runs on seeds 1 and 2
-    # (docs/results/pipeline.md).
+    # (docs/benchmarks/pipeline.md).
     "bf16-pipelined": ["--codec-rollout", "bf16", "--codec-fwd", "bf16", "--codec-bwd", "bf16", "--num-envs", "4",
                        "--num-steps", "1024", "--rollout-groups", "4", "--microbatches", "2", "--vector", "async"],
     "bf16-async": ["--codec-rollout", "bf16", "--codec-fwd", "bf16", "--codec-bwd", "bf16", "--num-envs", "4",

@@ -1,4 +1,4 @@
-"""The figures in docs/results/reliability.md: what a hostile peer can make a stage hold, and how soon a
+"""The figures in docs/benchmarks/reliability.md: what a hostile peer can make a stage hold, and how soon a
 dead or silent peer is noticed (`splitrl bench reliability`).
 
 Memory: the victim is a binding transport with the stages' limits in a process of its own (`victim_main`,

@@ -5,7 +5,7 @@ The rollout of the synchronous schedule without its link: the paper network's en
 step, at 1, 4 and 8 envs, with ``--vector sync`` (gymnasium's SyncVectorEnv) and
 ``--vector async`` (AsyncVectorEnv: one worker process per env). Each configuration
 starts after a few warm-up steps (worker start-up, first allocations) and is timed over
-the same number of samples; the table is in docs/results/vector.md.
+the same number of samples; the table is in docs/benchmarks/vector.md.
 """
 
 from __future__ import annotations

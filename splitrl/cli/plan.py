@@ -38,7 +38,7 @@ __all__ = ["plan"]
                    "times faster)")
 @click.option("--allow-stale", is_flag=True,
               help="with --recommend, the asynchronous schedule too (samples one policy version old: it learns "
-                   "differently, docs/results/pipeline.md)")
+                   "differently, docs/benchmarks/pipeline.md)")
 @training_options(link=False)
 def plan(settings: TrainSettings, options: RunOptions, calibration: str, bytes_from: str | None, rate: str, rtt: float,
          measured_rate: str, measured_rtt: float, cores: int, separate: bool, recommend: bool, cuts: str | None,

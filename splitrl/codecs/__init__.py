@@ -66,7 +66,7 @@ def parse_codec(spec: str, stream: str) -> Codec:
 
 
 def catalogue() -> str:
-    """Every codec with its streams and parameters, for --help and the README."""
+    """Every codec with its streams and parameters, as `splitrl codecs` prints it."""
     lines = []
     for cls in list(CODECS.values()) + [Zstd]:
         params = ",".join(f"{k}={p.default}" for k, p in cls.params.items())

@@ -15,7 +15,7 @@ SCORING_ROWS = 64
 """Acting for several groups at once scores a batch of a multiple of this many rows (`ActorCriticHeads.evaluate`'s
 ``parts``). torch's elementwise CPU loops take two SIMD vectors a step and leave the rest of a tensor (fewer than
 two vectors' worth) to scalar code (aten/src/ATen/native/cpu/Loops.h, ``vectorized_loop``), and on AVX2 and
-AVX-512 CPUs the two paths' ``softplus`` and ``log1p`` can differ in the last bits (docs/results/fleet.md), so
+AVX-512 CPUs the two paths' ``softplus`` and ``log1p`` can differ in the last bits (docs/benchmarks/capacity.md), so
 unpadded, a row's log-prob would depend on how many rows come with it. 64 rows of any action width fill whole
 pairs of AVX-512 (and so AVX2) vectors: every element takes the SIMD path, whose lanes compute alike, and a row
 gets one result in any batch. The padding costs a few elementwise ops on 64 rows, where scoring each group alone

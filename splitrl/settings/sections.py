@@ -238,7 +238,7 @@ class TrainSettings:
     seed: int = doc(1, "seed of the environments, the initial weights, action sampling and minibatch order", min=0)
     total_steps: int = doc(409_600, "environment steps to train for (the paper: 100 iterations of 4096)")
     model: str = doc(AUTO_MODEL, f"the network: a built-in ({', '.join(MODEL_NAMES)}; nature is the paper's), a "
-                                 "factory of your own as module:factory (README: Bring your own network), or "
+                                 "factory of your own as module:factory (docs/guides/network.md), or "
                                  f"'{AUTO_MODEL}': {AUTO_MODELS['image']} for image and Dict observations, "
                                  f"{AUTO_MODELS['vector']} for vectors", spec=check_model)
     model_kwargs: str = doc("", "keyword arguments of --model's factory, 'key=value,key=value' (as --env-kwargs), "

@@ -19,7 +19,7 @@ What is not exact: the fit comes after the rollout and before its training, so t
 iteration trains on the rollout's codes (the old E's) through the new D, and PPO's ratio
 starts off 1 by the fit's change (the replica's offsets carry E's change to first order).
 Keeping the old D (and E on stage0) until the next rollout would make training exact; the
-measured run (docs/results/bottleneck.md) is of this version.
+measured run (docs/benchmarks/learning.md) is of this version.
 
 Compared with ``--bottleneck-train ppo``, the cut's K values are what reconstructs the
 features best rather than what the loss needs, and the link carries the samples and E.

@@ -14,7 +14,7 @@ sample may have been acted on by an older policy mu than the one that trains on 
 Their values stay the acting network's: the heads that train paired with features of the older
 encoder that the rollout sent are no network that ever was, and on CarRacing their values differed
 from the acting ones by about a quarter of a normalised return, enough noise to stall learning
-(docs/results/pipeline.md, "Learning"). Scoring with the current encoder needs another pass of
+(docs/benchmarks/pipeline.md, "Learning"). Scoring with the current encoder needs another pass of
 those samples across the link, which ``--rescore`` makes.
 
 Without ``--rescore`` pi is scored on the features the rollout sent, and the proximal policy and

@@ -154,7 +154,7 @@ class ZmqTransport(Transport):
 
         The wait is a blocking receive in slices (``RCVTIMEO``), liveness looked at between them: a message
         that comes is taken inside libzmq as it arrives, cheaper than a poll followed by a receive
-        (docs/results/transport.md)."""
+        (docs/benchmarks/transport.md)."""
         pull = self._pull
         start = now = time.monotonic()
         deadline = start + timeout

@@ -1,6 +1,6 @@
 """Fuzzing kept in the project: mutated frames from a real session against the decoder and a live stage1.
 
-CI runs a few thousand cases; `splitrl bench fuzz` runs the full set (docs/results/reliability.md).
+CI runs a few thousand cases; `splitrl bench fuzz` runs the full set (docs/benchmarks/reliability.md).
 """
 
 from __future__ import annotations

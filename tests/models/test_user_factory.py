@@ -1,6 +1,6 @@
 """A factory of the user's own, in a module of their own: used by ``--model module:factory`` like a built-in.
 
-`tiny` is such a factory; the spawned stages import it as ``tests.models.test_user_factory:tiny``. The README's
+`tiny` is such a factory; the spawned stages import it as ``tests.models.test_user_factory:tiny``. The docs'
 worked example (examples/my_encoder.py) is checked here too.
 """
 

@@ -53,7 +53,7 @@ def test_samples_an_older_policy_acted_on_are_weighted_by_the_one_that_trains_an
         last_value = learner.heads.get_value(second[4])
     value, logprob = value.reshape(4, 2), logprob.reshape(4, 2)
     # The values stay the acting network's: the training heads on the older encoder's features are no network
-    # that ever was (docs/results/pipeline.md, "Learning").
+    # that ever was (docs/benchmarks/pipeline.md, "Learning").
     assert torch.equal(b.values, behaviour_values)
     assert not torch.allclose(value[:2], behaviour_values[:2])  # (they would differ)
     assert torch.equal(b.logprobs, behaviour_logprobs)  # PPO's ratio stays against the policy that acted
