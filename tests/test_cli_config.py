@@ -31,8 +31,13 @@ def built(monkeypatch):
     monkeypatch.setattr(splitrl.launch, "launch_split", launch)
 
     def invoke(*args):
-        result = CliRunner().invoke(main, list(args))
-        return result, seen
+        import torch
+
+        threads = torch.get_num_threads()  # `splitrl run` checks on one thread
+        try:
+            return CliRunner().invoke(main, list(args)), seen
+        finally:
+            torch.set_num_threads(threads)
 
     return invoke
 
