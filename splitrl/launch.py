@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Sequence
 
 __all__ = [
     "STOP_GRACE_S",
+    "SUPERVISED_ENV",
     "free_port",
     "free_port_pair",
     "wait_for_exit",
@@ -36,6 +37,10 @@ log = logging.getLogger(__name__)
 STOP_GRACE_S = 15.0
 """How long stopped (or abandoned) stages get to tell each other and exit before they are killed."""
 _POLL_S = 0.1
+
+SUPERVISED_ENV = "SPLITRL_SUPERVISED"
+"""Set in the environment of the stages `launch_split` starts: their output shares the launcher's terminal, so a
+stage stopped by its peer's abort leaves the reason to the peer that found it (`splitrl.cli.errors.run_cli`)."""
 
 
 _PICK = random.SystemRandom()
@@ -233,8 +238,10 @@ def launch_split(stage_args: Sequence[str], run_dir: str, *, endpoint: str | Non
             edge_args.append(["--edge-id", str(k), "--run-dir", edge_dir, *(["--resume", edge_dir] if resume else [])])
     learner = base if learners == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                           "--nproc-per-node", str(learners), "-m", "splitrl"]
-    procs = [subprocess.Popen(learner + ["stage1", "--bind", endpoint, *stage_args])]
-    procs += [subprocess.Popen(base + ["stage0", "--connect", endpoint, *stage_args, *extra]) for extra in edge_args]
+    env = {**os.environ, SUPERVISED_ENV: "1"}
+    procs = [subprocess.Popen(learner + ["stage1", "--bind", endpoint, *stage_args], env=env)]
+    procs += [subprocess.Popen(base + ["stage0", "--connect", endpoint, *stage_args, *extra], env=env)
+              for extra in edge_args]
     with contextlib.suppress(KeyboardInterrupt):  # all are stopped either way; their exit codes say how
         supervise(procs, grace=grace, on_interrupt=lambda: log.info(
             "stopping both stages" if edges == 1 else f"stopping stage1 and the {edges} edges"))

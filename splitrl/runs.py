@@ -37,6 +37,9 @@ __all__ = [
     "upgrade_checkpoints",
     "truncate_logs",
     "check_fresh",
+    "check_run_dir",
+    "CONFIG_NAMES",
+    "saved_config",
     "default_run_dir",
     "read_metrics",
     "read_episodes",
@@ -273,6 +276,44 @@ def check_fresh(run_dir: str | Path) -> None:
     if any((path / name).exists() for name in ("metrics.jsonl", "episodes.jsonl", "checkpoints")):
         raise SettingsError(f"--run-dir {run_dir} already holds a run: pass --resume {run_dir} to continue it, "
                          "--overwrite to start again in it, or another --run-dir")
+
+
+def check_run_dir(run_dir: str | Path, option: str = "--run-dir") -> None:
+    """SettingsError if no run could be written in ``run_dir``: it is a file, or the nearest folder above it that
+    exists is a file or cannot be written to."""
+    path = Path(run_dir)
+    if path.exists() and not path.is_dir():
+        raise SettingsError(f"{option} {run_dir} is a file, not a directory")
+    above = path.absolute().parent
+    while not above.exists():
+        above = above.parent
+    if not above.is_dir():
+        raise SettingsError(f"{option} {run_dir}: {above} is a file, not a directory")
+    if not path.exists() and not os.access(above, os.W_OK | os.X_OK):
+        raise SettingsError(f"{option} {run_dir}: cannot create it ({above} is not writable)")
+
+
+CONFIG_NAMES = {"twin": "config.json", "stage0": "config-stage0.json", "stage1": "config-stage1.json"}
+"""The config file each kind of process writes into its run directory (the twin's, or each stage's)."""
+
+
+def saved_config(run_dir: str | Path, role: str) -> dict[str, Any]:
+    """The config the ``role`` process (`CONFIG_NAMES`) of the run in ``run_dir`` wrote at its start, which a
+    resumed run goes on with; SettingsError naming ``--resume`` if the directory or the file is missing."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise SettingsError(f"--resume {run_dir}: " + ("not a directory" if path.exists() else "no such directory"))
+    config = path / CONFIG_NAMES[role]
+    if not config.is_file():
+        raise SettingsError(f"--resume {run_dir}: no {config.name} there (not a run directory of "
+                            f"{'the twin' if role == 'twin' else role}?)")
+    try:
+        saved = json.loads(config.read_text())
+    except (OSError, ValueError) as exc:
+        raise SettingsError(f"--resume {run_dir}: {config.name} cannot be read ({exc})") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("settings"), dict):
+        raise SettingsError(f"--resume {run_dir}: {config.name} holds no settings")
+    return saved
 
 
 # -- reading ---------------------------------------------------------------------------

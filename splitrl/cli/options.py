@@ -8,10 +8,13 @@ import os
 from typing import Any, Callable
 
 import click
+from click.core import ParameterSource
 
-from ..runs import default_run_dir
+from ..runs import default_run_dir, saved_config
 from ..settings import (CODEC_STREAMS, CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings,
-                        SettingsError, TrainSettings, option_name)
+                        SettingsError, TrainSettings, option_name, resumed)
+from .config import config_option
+from .errors import OptionError
 
 __all__ = ["training_options", "stage_argv"]
 
@@ -50,15 +53,41 @@ def _click_options(cls: type, link: bool = True) -> list[Callable]:
     return out
 
 
+_RESUME_ROLES = {"stage0": "stage0", "stage1": "stage1", "train": "twin"}
+"""Whose config a resumed command goes on with (`splitrl.runs.CONFIG_NAMES`); any other (``run``, ``lab``):
+stage1's, in the run directory of the pair and of a fleet alike."""
+
+
+def _given(kwargs: dict[str, Any]) -> set[str]:
+    """The parameters given on the command line or in a --config file (not left at their defaults)."""
+    ctx = click.get_current_context()
+    return {name for name in kwargs if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}
+
+
+def _resumed(settings: TrainSettings, options: RunOptions, given: set[str]) -> tuple[TrainSettings, RunOptions]:
+    """With --resume, the settings and options of the run in that directory (`splitrl.settings.resume`)."""
+    if not options.resume:
+        return settings, options
+    role = _RESUME_ROLES.get(click.get_current_context().command.name or "", "stage1")
+    try:
+        return resumed(settings, options, given, saved_config(options.resume, role))
+    except SettingsError as exc:
+        raise OptionError(str(exc)) from None
+
+
 def training_options(func: Callable | None = None, *, link: bool = True) -> Callable:
-    """Add one click option per settings field, and pass built settings objects instead. ``link=False``
-    leaves out the options of the link between two processes (`splitrl train`, the twin, has none)."""
+    """Add one click option per settings field and ``--config FILE``, and pass built settings objects instead
+    (with ``--resume``, the run's: `splitrl.settings.resume`). ``link=False`` leaves out the options of the link
+    between two processes (`splitrl train`, the twin, has none)."""
     if func is None:
         return functools.partial(training_options, link=link)
-    options = [opt for _, cls in _SECTIONS for opt in _click_options(cls)] + _click_options(RunOptions, link)
+    options = ([opt for _, cls in _SECTIONS for opt in _click_options(cls)] + _click_options(RunOptions, link)
+               + [config_option()])
 
     @functools.wraps(func)
     def wrapper(**kwargs: Any) -> Any:
+        given = _given(kwargs)
+
         def take(cls: type) -> Any:
             return cls(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(cls)
                           if "help" in f.metadata and f.name in kwargs})
@@ -66,7 +95,8 @@ def training_options(func: Callable | None = None, *, link: bool = True) -> Call
         env, ppo, codecs, schedule = take(EnvSettings), take(PPOSettings), take(CodecSettings), take(ScheduleSettings)
         top = {f.name: kwargs.pop(f.name) for f in dataclasses.fields(TrainSettings) if "help" in f.metadata}
         settings = TrainSettings(env=env, ppo=ppo, codecs=codecs, schedule=schedule, **top)
-        return func(settings=settings, options=take(RunOptions), **kwargs)
+        settings, run_options = _resumed(settings, take(RunOptions), given)
+        return func(settings=settings, options=run_options, **kwargs)
 
     for option in reversed(options):
         wrapper = option(wrapper)

@@ -8,6 +8,7 @@ import sys
 import click
 from click.core import ParameterSource
 
+from ..runs import default_run_dir
 from ..settings import RunOptions, SettingsError, TrainSettings
 from .errors import run_cli
 from .options import stage_argv, training_options
@@ -74,9 +75,18 @@ def run(settings: TrainSettings, options: RunOptions, endpoint: str | None) -> N
     """Split training on this machine: stage1 and stage0 as two processes over loopback (a stage0 per edge with
     --edges N, each in RUN_DIR/edge-K)."""
     from ..launch import launch_split
+    from ..runner.rundir import LAUNCHER, check
 
     def go() -> int:
-        stage_args, run_dir = stage_argv(settings, options)
+        # Every problem either stage would find, found here at once, before either starts. This process only
+        # supervises: one torch thread builds the network to check faster on a busy machine than several.
+        import torch
+
+        torch.set_num_threads(1)
+        placed = dataclasses.replace(options, run_dir=options.run_dir or options.resume
+                                     or default_run_dir(settings.env.env_id))
+        check(settings, placed, LAUNCHER)
+        stage_args, run_dir = stage_argv(settings, placed)
         return launch_split(stage_args, run_dir, endpoint=endpoint, edges=settings.schedule.edges,
                             resume=bool(options.resume), learners=options.learners)
 

@@ -1,7 +1,8 @@
 """A run's directory: checked and prepared before any socket opens, and where a resumed run goes on from.
 
 `prepare` refuses a directory that holds a run already, unless the run resumes (its settings must be
-this run's, but for ``total_steps``) or overwrites it. `resume_point` is the newest iteration both stages
+this run's, but for ``total_steps``) or overwrites it; `check` is everything it checks, with nothing written
+(``splitrl run`` calls it before it starts a stage). `resume_point` is the newest iteration both stages
 hold a checkpoint of; `recorded_checkpoints` says which of stage0's count.
 """
 
@@ -19,7 +20,8 @@ import torch
 from ..devices import describe_device, resolve_device, use_device
 from ..envs import EnvSpec, inspect_env
 from ..models import agent
-from ..runs import RunLog, check_fresh, default_run_dir, intact_checkpoints, read_metrics
+from ..runs import (CONFIG_NAMES, RunLog, check_fresh, check_run_dir, default_run_dir, intact_checkpoints,
+                    read_metrics)
 from ..settings import RunOptions, SettingsError, TrainSettings
 from ..settings.specs import AUTO_MODEL, AUTO_MODELS
 from ..stages import STAGE0, STAGE1
@@ -28,7 +30,7 @@ from ..transport.errors import peer_repr
 from ..transport.handshake import HandshakeError
 from .tracking import WandbTracker
 
-__all__ = ["prepare", "resume_point", "recorded_checkpoints"]
+__all__ = ["prepare", "check", "resume_point", "recorded_checkpoints"]
 
 log = logging.getLogger(__name__)
 
@@ -43,22 +45,13 @@ def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[Tr
     this run's, but for ``total_steps``) or ``--overwrite`` (its metrics, episodes and checkpoints go)."""
     if options.threads > 0:  # first: the network built to check the settings inits on as many threads as the run's
         torch.set_num_threads(options.threads)
-    spec = _checked(settings, options, role)
-    if settings.model == AUTO_MODEL:
-        log.info("[%s] model: %s (--model %s, for %s observations)", role, AUTO_MODELS[spec.observation],
-                 AUTO_MODEL, spec.observation)
-    settings = settings.for_observation(spec.observation)  # what runs, in the config and against a resumed run's
+    settings, spec, run_dir = check(settings, options, role)
     devices = {stage: resolve_device(options.device(stage)) for stage in _stages(role)}
     for device in devices.values():
         use_device(device)
-    run_dir = options.resume or options.run_dir or default_run_dir(settings.env.env_id)
-    config_name = "config.json" if role == "twin" else f"config-{role}.json"
-    if options.resume:
-        _check_resumable(Path(run_dir), config_name, settings)
-    elif options.overwrite:
+    if options.overwrite:
         _clear(Path(run_dir))
-    else:
-        check_fresh(run_dir)
+    config_name = CONFIG_NAMES[role]
     # stage0 writes the metrics (stage1's keys ride on them), so TensorBoard is stage0's, or the twin's.
     run_log = RunLog(run_dir, keep=options.keep_checkpoints, tensorboard=options.tensorboard and role != STAGE1)
     config: dict[str, Any] = {
@@ -74,38 +67,66 @@ def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[Tr
     return settings, spec, run_log
 
 
+LAUNCHER = "run"
+"""`check`'s role for ``splitrl run``: it checks what both stages will (their devices, stage1's run directory)
+before it starts them."""
+
+
 def _stages(role: str) -> tuple[str, ...]:
-    """The stages a process of ``role`` runs: its own, or both (the twin)."""
-    return (STAGE0, STAGE1) if role == "twin" else (role,)
+    """The stages a process of ``role`` runs (or checks for): its own, or both (the twin, the launcher)."""
+    return (STAGE0, STAGE1) if role in ("twin", LAUNCHER) else (role,)
 
 
-def _checked(settings: TrainSettings, options: RunOptions, role: str) -> EnvSpec:
-    """The env's spec once every setting is checked: the options' own ranges and rules, the device of each stage
-    this process runs (``role``), the env, then the model, its kwargs and the cut, which need the env's shapes.
-    Every problem in one SettingsError."""
+def check(settings: TrainSettings, options: RunOptions, role: str) -> tuple[TrainSettings, EnvSpec, str]:
+    """Everything `prepare` checks, with nothing written: the options' own ranges and rules, the device of each
+    stage ``role`` runs, the env, then the model, its kwargs and the cut, which need the env's shapes, and the run
+    directory (one to write, a fresh one unless --overwrite, a resumed one whose settings are these). Every
+    problem in one SettingsError. Returns the settings as they run (`TrainSettings.for_observation`), the env's
+    spec and the run directory."""
     problems = []
     try:
         settings.validate(options)
     except SettingsError as exc:
-        problems.append(str(exc).removeprefix("invalid settings:\n  - "))
+        problems += str(exc).removeprefix("invalid settings:\n  - ").split("\n  - ")
     # A stage process is told its device with --device (or --ROLE-device); the twin, with both --ROLE-device.
-    problems += options.device_errors(*_stages(role), option=None if role == "twin" else "--device")
-    spec = inspect_env(settings.env)
+    problems += options.device_errors(*_stages(role), option=None if role in ("twin", LAUNCHER) else "--device")
+    spec = None
     try:
-        agent(settings, spec)
+        spec = inspect_env(settings.env)
     except SettingsError as exc:
         problems.append(str(exc))
-    except Exception:
-        if not problems:
-            raise
-        # an invalid setting above is why the network could not be built
-    if problems:
-        raise SettingsError("invalid settings:\n  - " + "\n  - ".join(problems))
-    return spec
+    if spec is not None:
+        try:
+            agent(settings, spec)
+        except SettingsError as exc:
+            problems.append(str(exc))
+        except Exception:
+            if not problems:
+                raise
+            # an invalid setting above is why the network could not be built
+    run_dir = options.resume or options.run_dir or default_run_dir(settings.env.env_id)
+    try:
+        check_run_dir(run_dir, "--resume" if options.resume else "--run-dir")
+        if options.resume and spec is not None:
+            _check_resumable(Path(run_dir), CONFIG_NAMES[STAGE1 if role == LAUNCHER else role],
+                             settings.for_observation(spec.observation))
+        elif not options.resume and not options.overwrite:
+            check_fresh(run_dir)
+    except SettingsError as exc:
+        problems.append(str(exc))
+    if problems:  # one problem in one line; several, one a line
+        raise SettingsError(problems[0] if len(problems) == 1 else "invalid settings:\n  - " + "\n  - ".join(problems))
+    assert spec is not None  # an env that could not be inspected is among the problems
+    if settings.model == AUTO_MODEL and role != LAUNCHER:
+        log.info("[%s] model: %s (--model %s, for %s observations)", role, AUTO_MODELS[spec.observation],
+                 AUTO_MODEL, spec.observation)
+    return settings.for_observation(spec.observation), spec, run_dir
 
 
 def _check_resumable(run_dir: Path, config_name: str, settings: TrainSettings) -> None:
     path = run_dir / config_name
+    if not run_dir.is_dir():
+        raise SettingsError(f"--resume {run_dir}: no such directory")
     if not path.exists():
         raise SettingsError(f"--resume {run_dir}: no {config_name} there (is it this stage's run directory?)")
     # A run made before a setting existed ran with its default: it reads back as such.

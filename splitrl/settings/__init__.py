@@ -5,6 +5,7 @@
 - `specs`: parsers of the options that are small languages (codec specs, ``--exchange``, ``--env-kwargs``,
   ``--model``)
 - `rules`: the one table of rules that tie several options together
+- `resume`: what a resumed run takes from its directory, and the run-time options it may be given again
 
 Fields that both stages must agree on (`TrainSettings.shared`) go into the handshake hash. Click options are
 generated from these fields (splitrl/cli/options.py), so a field's ``help`` is written once, with the field.
@@ -12,6 +13,7 @@ generated from these fields (splitrl/cli/options.py), so a field's ``help`` is w
 
 from ..errors import SettingsError
 from .options import doc, field_errors, option_name
+from .resume import RUNTIME, resumed
 from .rules import RULES, Rule
 from .sections import (ACTION_MAPS, BOTTLENECK_TRAINING, CUTS, PUBLISH, SCHEDULES, TRANSPORTS, VECTOR_MODES,
                        TRACK_MISSING, CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings,
@@ -23,4 +25,4 @@ __all__ = ["EnvSettings", "PPOSettings", "CodecSettings", "Exchange", "EXCHANGES
            "ENCODER_SYNCS", "EncoderSync", "FLEET_CODECS", "option_name", "SettingsError", "TrainSettings",
            "RunOptions", "ACTION_MAPS", "CUTS", "TRANSPORTS", "CODEC_NAMES", "CODEC_STREAMS", "VECTOR_MODES", "doc",
            "field_errors", "Rule", "RULES", "PUBLISH", "BOTTLENECK_TRAINING", "SYNC_MODES", "OUTPUT_CODECS",
-           "MODEL_NAMES", "TRACK_MISSING", "installed"]
+           "MODEL_NAMES", "TRACK_MISSING", "installed", "RUNTIME", "resumed"]

@@ -358,7 +358,9 @@ class RunOptions:
 
     run_dir: str = doc("", "directory for config, metrics, episodes and checkpoints (default: runs/<time>-<env>); "
                            "one that holds a run already is refused unless --resume or --overwrite")
-    resume: str = doc("", "continue the run in this directory from the newest checkpoint both stages have")
+    resume: str = doc("", "continue the run in this directory from the newest checkpoint both stages have, with the "
+                          "settings it was started with (only --total-steps and run-time options such as --timeout "
+                          "may be given again)")
     overwrite: bool = doc(False, "start a new run in a --run-dir that holds one (its metrics, episodes and "
                                  "checkpoints are deleted)")
     keep_checkpoints: int = doc(2, "newest checkpoints kept per stage (0: all)", min=0)

@@ -141,7 +141,7 @@ def test_a_used_run_directory_is_refused_unless_resumed_or_overwritten(tmp_path,
     refused = train("--run-dir", str(run))
     assert refused.exit_code == 2 and "already holds a run" in refused.stderr and "--resume" in refused.stderr
     other = train("--resume", str(run), "--seed", "2")
-    assert other.exit_code == 2 and "seed: the run has 1, now 2" in other.stderr
+    assert other.exit_code == 2 and "--seed 2 (the run has --seed 1)" in other.stderr
     done = train("--resume", str(run))  # finished already: nothing to do, nothing changes
     assert done.exit_code == 0 and len(_learning(run)) == 6
     fresh = train("--run-dir", str(run), "--overwrite", "--total-steps", "64")
