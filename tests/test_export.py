@@ -96,6 +96,21 @@ def test_fp16_weights_halve_the_files_and_keep_the_actions(trained, exported, tm
     assert json.loads((out / "model.json").read_text())["weights"] == "float16"
 
 
+def test_the_two_halves_alone_play_chained_as_the_whole_policy_does(trained, exported, tmp_path):
+    out = tmp_path / "halves"
+    shown = splitrl_here("export", str(trained), "--out", str(out), "--parts", "edge,server", "--check", "16")
+    assert "edge then server" in shown.stdout
+    assert sorted(p.name for p in out.iterdir()) == sorted(FILES - {"policy.pt", "policy.onnx"})
+    card = (out / "README.md").read_text()
+    assert "edge.run(" in card and "policy.onnx" not in card
+    for fmt in ("onnx", "torchscript"):
+        halves = splitrl_here("eval", "--model", str(out), "--format", fmt, "--episodes", "1").stdout
+        whole = splitrl_here("eval", "--model", str(exported), "--format", fmt, "--episodes", "1").stdout
+        assert halves.split("return ")[1] == whole.split("return ")[1]
+    refused = splitrl_here("export", str(trained), "--out", str(tmp_path / "x"), "--parts", "edge", code=None)
+    assert refused.exit_code == 2 and "neither policy nor server" in refused.stderr
+
+
 def test_a_discrete_policy_cut_at_its_input_has_no_edge_half_and_the_same_actions(tmp_path):
     run, out = tmp_path / "run", tmp_path / "model"
     splitrl_here("train", "--run-dir", str(run), "--env-id", "CartPole-v1", "--model", "mlp", "--cut", "input",

@@ -101,6 +101,9 @@ def eval_cmd(run_dir: str | None, model_dir: str | None, fmt: str, iteration: in
               help="the deterministic action the exported policy takes (see splitrl eval --greedy)")
 @click.option("--format", "formats", default=",".join(_FORMATS), show_default=True,
               help="comma-separated: onnx, torchscript")
+@click.option("--parts", default="edge,server,policy", show_default=True,
+              help="comma-separated: edge, server, policy (the policy is the edge then the server in one file; "
+                   "without it a player chains the two)")
 @click.option("--fp16", is_flag=True, help="store the weights as float16 (half the size; computed in float32)")
 @click.option("--check", "check_steps", default=1000, show_default=True, type=click.IntRange(min=2),
               help="observations of held-out episodes on which every file's actions are compared with the "
@@ -108,7 +111,7 @@ def eval_cmd(run_dir: str | None, model_dir: str | None, fmt: str, iteration: in
 @click.option("--episodes", default=0, show_default=True, type=click.IntRange(min=0),
               help="then play this many held-out episodes with the exported policy and put the score in the card")
 def export_cmd(run_dir: str, out_dir: str, iteration: int | None, stage1_dir: str | None, greedy: str, formats: str,
-               fp16: bool, check_steps: int, episodes: int) -> None:
+               parts: str, fp16: bool, check_steps: int, episodes: int) -> None:
     """Export the trained policy of RUN_DIR alone (no optimizer or training state): the edge half, the server
     half and the whole policy as TorchScript and ONNX files, model.json and a model card (README.md)."""
 
@@ -119,7 +122,8 @@ def export_cmd(run_dir: str, out_dir: str, iteration: int | None, stage1_dir: st
 
         chosen = tuple(f.strip() for f in formats.split(",") if f.strip())
         model = export_run(run_dir, out_dir, iteration=iteration, stage1_dir=stage1_dir, greedy=greedy, fp16=fp16,
-                           formats=chosen, check_steps=check_steps)
+                           formats=chosen, parts=tuple(p.strip() for p in parts.split(",") if p.strip()),
+                           check_steps=check_steps)
         if episodes:
             from ..export.card import write_card
 
@@ -137,7 +141,8 @@ def export_cmd(run_dir: str, out_dir: str, iteration: int | None, stage1_dir: st
     for fmt, gaps in model["check"].items():
         if isinstance(gaps, dict):
             click.echo(f"  {fmt}: largest action difference from the checkpoints over "
-                       f"{model['check']['observations']} observations: {gaps['policy']:.3g}")
+                       f"{model['check']['observations']} observations: "
+                       + ", ".join(f"{how.replace('_', ' ')} {gap:.3g}" for how, gap in gaps.items()))
     if "evaluation" in model:
         e = model["evaluation"]
         click.echo(f"  held-out: {e['return_mean']:.1f} ± {e['return_std']:.1f} over {e['episodes']} episodes")

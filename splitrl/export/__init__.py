@@ -163,9 +163,12 @@ def _run_summary(run_dir: Path) -> dict[str, Any]:
 
 def export_run(run_dir: str | Path, out_dir: str | Path, *, iteration: int | None = None,
                stage1_dir: str | Path | None = None, greedy: str = DEFAULT_GREEDY, fp16: bool = False,
-               formats: tuple[str, ...] = FORMATS, check_steps: int = 1000) -> dict[str, Any]:
+               formats: tuple[str, ...] = FORMATS, parts: tuple[str, ...] = PARTS,
+               check_steps: int = 1000) -> dict[str, Any]:
     """Export the policy of ``run_dir``'s checkpoints (the newest pair unless ``iteration``) into ``out_dir``
     (created; an existing model there is replaced, any other content is an error); ``model.json``'s content.
+    ``parts``: which of edge, server and policy to write (the policy is the edge, then the server: without it a
+    player chains the two halves).
 
     ``check_steps`` observations, met by the checkpoints' greedy policy on held-out seeds, are run through every
     file written, and the largest difference of each from the checkpoints' actions goes into ``check``."""
@@ -176,6 +179,10 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, iteration: int | Non
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown or not formats:
         raise SettingsError(f"--format: {', '.join(unknown) or 'none given'}; choose from {', '.join(FORMATS)}")
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not ("policy" in parts or "server" in parts):
+        raise SettingsError(f"--parts: {', '.join(unknown) or 'neither policy nor server'}; choose from "
+                            f"{', '.join(PARTS)}, with the policy or the server among them")
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MODEL_FILE).exists())):
         raise SettingsError(f"--out {out}: exists and is not an exported model; give a new or empty directory")
@@ -194,10 +201,14 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, iteration: int | Non
     with torch.no_grad():
         features = encoder(example)
     files: dict[str, dict[str, str]] = {}
-    if len(encoder):  # a run cut at the input has no edge half: its edge sends the observation itself
+    for stale in out.glob("*"):  # an earlier export's files (the directory holds nothing else: checked above)
+        stale.unlink()
+    if len(encoder) and "edge" in parts:  # a run cut at the input has no edge half: its edge sends the observation
         files["edge"] = _write(encoder, example, out, "edge", "observation", "features", formats, fp16)
-    files["server"] = _write(server, features, out, "server", "features", "action", formats, fp16)
-    files["policy"] = _write(policy, example, out, "policy", "observation", "action", formats, fp16)
+    if "server" in parts or ("policy" not in parts and not len(encoder)):
+        files["server"] = _write(server, features, out, "server", "features", "action", formats, fp16)
+    if "policy" in parts:
+        files["policy"] = _write(policy, example, out, "policy", "observation", "action", formats, fp16)
     model = {
         "format": MODEL_VERSION,
         "env_id": settings.env.env_id,
@@ -225,18 +236,18 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, iteration: int | Non
 
 def _check(out: Path, files: dict[str, dict[str, str]], rows: np.ndarray, actions: np.ndarray,
            encoder: nn.Module) -> dict[str, Any]:
-    """Each file's (and the edge-then-server chain's) largest |action - checkpoints' action| over ``rows``."""
+    """Each format's largest |action - checkpoints' action| over ``rows``: of the policy file, and of the edge
+    file then the server file (the server alone where the run was cut at the input)."""
     result: dict[str, Any] = {"observations": len(rows)}
     for fmt in FORMATS:
-        if fmt not in files["policy"]:
-            continue
-        whole = _session(out / files["policy"][fmt], fmt)(rows)
-        server = _session(out / files["server"][fmt], fmt)
-        if "edge" in files:
-            chain = server(_session(out / files["edge"][fmt], fmt)(rows))
-        else:
-            chain = server(np.asarray(encoder(torch.as_tensor(rows)).detach()))
-        result[fmt] = {"policy": _gap(whole, actions), "edge_then_server": _gap(chain, actions)}
+        gaps = {}
+        if fmt in files.get("policy", {}):
+            gaps["policy"] = _gap(_session(out / files["policy"][fmt], fmt)(rows), actions)
+        if fmt in files.get("server", {}) and ("edge" in files or not len(encoder)):
+            edge = _session(out / files["edge"][fmt], fmt) if "edge" in files else (lambda x: x)
+            gaps["edge_then_server"] = _gap(_session(out / files["server"][fmt], fmt)(edge(rows)), actions)
+        if gaps:
+            result[fmt] = gaps
     return result
 
 
@@ -281,13 +292,20 @@ def read_model(model_dir: str | Path) -> dict[str, Any]:
 
 
 def load_policy(model_dir: str | Path, fmt: str = "onnx") -> Callable[[np.ndarray], np.ndarray]:
-    """The whole exported policy as a function: observation rows (B, ...) to env actions (B, ...)."""
+    """The exported policy as a function: observation rows (B, ...) to env actions (B, ...): the policy file, or
+    the edge's file then the server's where the whole policy was not exported."""
     model = read_model(model_dir)
-    file = model["files"]["policy"].get(fmt)
-    if file is None:
-        raise SettingsError(f"{model_dir}: no {fmt} file was exported; there are "
-                            f"{', '.join(model['files']['policy'])}")
-    return _session(Path(model_dir) / file, fmt)
+    files, here = model["files"], Path(model_dir)
+    if fmt in files.get("policy", {}):
+        return _session(here / files["policy"][fmt], fmt)
+    if fmt in files.get("server", {}) and (fmt in files.get("edge", {}) or model["network"]["features"] is None):
+        server = _session(here / files["server"][fmt], fmt)
+        if fmt not in files.get("edge", {}):
+            return server
+        edge = _session(here / files["edge"][fmt], fmt)
+        return lambda rows: server(edge(rows))
+    there = sorted({f for named in files.values() for f in named})
+    raise SettingsError(f"{model_dir}: no {fmt} policy was exported; there are {', '.join(there) or 'no'} files")
 
 
 def play_exported(model_dir: str | Path, *, episodes: int, seed: int | None = None, fmt: str = "onnx",

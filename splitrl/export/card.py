@@ -25,10 +25,26 @@ def _observation(model: dict[str, Any]) -> str:
     return " ".join(parts) + f": uint8 rows of shape {obs['rows']}, channels first"
 
 
+def _snippet(name: str, files: dict[str, dict[str, str]], rows: str) -> list[str]:
+    """Python that plays the ONNX files: the whole policy's, or the edge's then the server's."""
+    if "policy" in files:
+        return [f"policy = onnxruntime.InferenceSession('{name}/policy.onnx')",
+                f"action = policy.run(None, {{'observation': rows}})[0]  # rows: {rows}"]
+    lines = [f"server = onnxruntime.InferenceSession('{name}/server.onnx')  # on the server"]
+    if "edge" in files:
+        lines += [f"edge = onnxruntime.InferenceSession('{name}/edge.onnx')  # on the device",
+                  f"features = edge.run(None, {{'observation': rows}})[0]  # rows: {rows}; send these",
+                  "action = server.run(None, {'features': features})[0]"]
+    else:
+        lines.append(f"action = server.run(None, {{'features': rows}})[0]  # rows: {rows}, sent as they are")
+    return lines
+
+
 def write_card(out: Path, model: dict[str, Any]) -> None:
     """README.md beside ``model.json``: what the policy plays, how it was trained, how close the files are to the
     checkpoints, and how to run it."""
     run, net, action, files = model["run"], model["network"], model["action"], model["files"]
+    obs = model["observation"]
     evaluation = model.get("evaluation")
     lines = [
         f"# {model['env_id']}: a split-trained PPO policy",
@@ -73,7 +89,7 @@ def write_card(out: Path, model: dict[str, Any]) -> None:
     for part, named in files.items():
         lines.append(f"| {part} | {what[part]} | {', '.join(f'`{f}`' for f in named.values())} |")
     check = model["check"]
-    gaps = [f"{fmt} {c['policy']:.2g} (edge then server {c['edge_then_server']:.2g})"
+    gaps = [f"{fmt}: " + ", ".join(f"{how.replace('_', ' ')} {gap:.2g}" for how, gap in c.items())
             for fmt, c in check.items() if isinstance(c, dict)]
     lines += [
         "",
@@ -85,10 +101,8 @@ def write_card(out: Path, model: dict[str, Any]) -> None:
         "```",
         "",
         "```python",
-        "import numpy as np, onnxruntime",
-        f"policy = onnxruntime.InferenceSession('{out.name}/{files['policy'].get('onnx', 'policy.onnx')}')",
-        f"action = policy.run(None, {{'observation': rows}})[0]  # rows: {model['observation']['dtype']} "
-        f"(B, {', '.join(map(str, model['observation']['rows']))})",
+        "import onnxruntime",
+        *_snippet(out.name, files, f"{obs['dtype']} (B, {', '.join(map(str, obs['rows']))})"),
         "```",
         "",
     ]
