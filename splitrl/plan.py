@@ -205,11 +205,14 @@ class Timings:
         return sorted(times)[len(times) // 2]
 
 
-def _network(settings: "TrainSettings") -> tuple[Any, ...]:
-    """What sets the network's compute and (the first three) its bytes besides the codecs."""
+def _network(settings: "TrainSettings", observation: str) -> tuple[Any, ...]:
+    """What sets the network's compute and (the first six) its bytes besides the codecs: the model (``auto``
+    resolved for the run's ``observation`` kind) and its kwargs, the cut, the bottleneck; then the env and the
+    heads' width."""
+    settings = settings.for_observation(observation)
     autoencoder = settings.bottleneck_train == "autoencoder"
-    return (settings.bottleneck, settings.bottleneck_train, settings.autoencoder_every if autoencoder else None,
-            settings.cut, settings.env.env_id)
+    return (settings.model, settings.model_kwargs, settings.cut, settings.bottleneck, settings.bottleneck_train,
+            settings.autoencoder_every if autoencoder else None, settings.env.env_id, settings.hidden)
 
 
 def _per_kind(records: Sequence[dict[str, Any]], kind: str, direction: str) -> float:
@@ -236,9 +239,10 @@ def calibrate(run_dir: str | Path, target: "TrainSettings", *, threads: int, byt
     if cal.schedule.mode != "sync":
         raise SettingsError(f"{run}: calibrate from a synchronous run (its phases are timed one at a time); "
                             f"this one is {cal.schedule.mode}")
-    if _network(target) != _network(cal):
-        raise SettingsError(f"{run}: the calibration run must have the target's network (cut, --bottleneck, "
-                            f"--bottleneck-train, env)")
+    kind = measured.spec.observation
+    if _network(target, kind) != _network(cal, kind):
+        raise SettingsError(f"{run}: the calibration run must have the target's network (--model, --model-kwargs, "
+                            f"--cut, --bottleneck, --bottleneck-train, env, --hidden)")
     timings = timings or Timings(target, measured.spec)
     level0, level1 = levels(measured, used, timings)
     tgt_g, _, tgt_mb = batches(target)
@@ -251,8 +255,9 @@ def calibrate(run_dir: str | Path, target: "TrainSettings", *, threads: int, byt
     if target.codecs.link_budget:
         raise SettingsError("--link-budget: its codecs change every iteration; plan the settings it chooses "
                             "(metrics.jsonl budget/spec/*) instead")
-    if source_settings.codecs != target.codecs or _network(source_settings)[:3] != _network(target)[:3]:
-        raise SettingsError(f"{bytes_from or run}: its codecs or --bottleneck differ from the target's; pass "
+    if source_settings.codecs != target.codecs or _network(source_settings, kind)[:6] != _network(target, kind)[:6]:
+        raise SettingsError(f"{bytes_from or run}: its codecs or what crosses the cut (--model, --model-kwargs, "
+                            f"--cut, --bottleneck) differ from the target's; pass "
                             f"--bytes-from RUN_DIR of a measured run with the target's codecs")
     s_steps = source_settings.ppo.num_steps * source_settings.env.num_envs
     s_samples = s_steps * source_settings.ppo.epochs

@@ -130,9 +130,12 @@ def test_calibration_refuses_what_it_cannot_measure(tmp_path):
     bf16 = dataclasses.replace(run.settings, codecs=dataclasses.replace(run.settings.codecs, codec_rollout="bf16"))
     with pytest.raises(SettingsError, match="--bytes-from"):
         calibrate(SYNC_RUN, bf16, threads=0, timings=FixedTimings())
-    narrow = dataclasses.replace(run.settings, bottleneck=256)
-    with pytest.raises(SettingsError, match="network"):
-        calibrate(SYNC_RUN, narrow, threads=0, timings=FixedTimings())
+    for other in (dict(bottleneck=256), dict(model="impala"), dict(model_kwargs="width=8"), dict(hidden=64)):
+        with pytest.raises(SettingsError, match="network"):
+            calibrate(SYNC_RUN, dataclasses.replace(run.settings, **other), threads=0, timings=FixedTimings())
+    assert run.settings.model in ("auto", "nature")  # `auto` is the built-in for images: the same network
+    same = dataclasses.replace(run.settings, model="nature" if run.settings.model == "auto" else "auto")
+    calibrate(SYNC_RUN, same, threads=0, timings=FixedTimings())
     pipelined = tmp_path / "pipelined"
     shutil.copytree(SYNC_RUN, pipelined, ignore=shutil.ignore_patterns("checkpoints"))
     config = json.loads((pipelined / "config-stage0.json").read_text())
