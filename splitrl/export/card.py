@@ -44,6 +44,7 @@ def write_card(out: Path, model: dict[str, Any]) -> None:
     """README.md beside ``model.json``: what the policy plays, how it was trained, how close the files are to the
     checkpoints, and how to run it."""
     run, net, action, files = model["run"], model["network"], model["action"], model["files"]
+    where = out.name if out.is_absolute() else out.as_posix()  # as the user named it
     obs = model["observation"]
     evaluation = model.get("evaluation")
     lines = [
@@ -97,12 +98,12 @@ def write_card(out: Path, model: dict[str, Any]) -> None:
         f"checkpoints' actions over {check['observations']} observations of held-out episodes: {'; '.join(gaps)}.",
         "",
         "```",
-        f"splitrl eval --model {out.name} --format onnx        # held-out episodes",
+        f"splitrl eval --model {where} --format onnx        # held-out episodes",
         "```",
         "",
         "```python",
         "import onnxruntime",
-        *_snippet(out.name, files, f"{obs['dtype']} (B, {', '.join(map(str, obs['rows']))})"),
+        *_snippet(where, files, f"{obs['dtype']} (B, {', '.join(map(str, obs['rows']))})"),
         "```",
         "",
     ]
