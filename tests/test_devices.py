@@ -81,7 +81,7 @@ def test_cuda_on_a_machine_without_it_is_refused_in_one_line_before_any_socket(c
     lines = [line for line in result.output.splitlines() if "this machine has no CUDA device" in line]
     assert len(lines) == 1, result.output
     named = ("--stage0-device cuda", "--stage1-device cuda", "--device cuda")
-    assert lines[0].strip().removeprefix("- ").startswith(named)
+    assert lines[0].strip().removeprefix("error: ").removeprefix("- ").startswith(named)
     assert not (tmp_path / "run").exists()  # nothing written either
 
 

@@ -98,11 +98,12 @@ def test_fp16_weights_halve_the_files_and_keep_the_actions(trained, exported, tm
 
 def test_the_two_halves_alone_play_chained_as_the_whole_policy_does(trained, exported, tmp_path):
     out = tmp_path / "halves"
-    shown = splitrl_here("export", str(trained), "--out", str(out), "--parts", "edge,server", "--check", "16")
-    assert "edge then server" in shown.stdout
+    shown = splitrl_here("export", str(trained), "--out", str(out), "--parts", "edge,server", "--check", "16",
+                         "--episodes", "1")
+    assert "edge then server" in shown.stdout and "the checkpoints' sampled policy on the same seeds" in shown.stdout
     assert sorted(p.name for p in out.iterdir()) == sorted(FILES - {"policy.pt", "policy.onnx"})
     card = (out / "README.md").read_text()
-    assert "edge.run(" in card and "policy.onnx" not in card
+    assert "edge.run(" in card and "policy.onnx" not in card and "sampled policy (the same seeds)" in card
     for fmt in ("onnx", "torchscript"):
         halves = splitrl_here("eval", "--model", str(out), "--format", fmt, "--episodes", "1").stdout
         whole = splitrl_here("eval", "--model", str(exported), "--format", fmt, "--episodes", "1").stdout

@@ -116,22 +116,14 @@ def export_cmd(run_dir: str, out_dir: str, iteration: int | None, stage1_dir: st
     half and the whole policy as TorchScript and ONNX files, model.json and a model card (README.md)."""
 
     def go() -> dict:
-        import json
-
-        from ..export import MODEL_FILE, export_run, play_exported
+        from ..export import export_run, score_export
 
         chosen = tuple(f.strip() for f in formats.split(",") if f.strip())
         model = export_run(run_dir, out_dir, iteration=iteration, stage1_dir=stage1_dir, greedy=greedy, fp16=fp16,
                            formats=chosen, parts=tuple(p.strip() for p in parts.split(",") if p.strip()),
                            check_steps=check_steps)
         if episodes:
-            from ..export.card import write_card
-
-            fmt = "onnx" if "onnx" in chosen else "torchscript"
-            result, first = play_exported(out_dir, episodes=episodes, fmt=fmt)
-            model["evaluation"] = result.record(format=fmt, seed=first)
-            (Path(out_dir) / MODEL_FILE).write_text(json.dumps(model, indent=2))
-            write_card(Path(out_dir), model)
+            model = score_export(out_dir, run_dir, episodes, iteration=iteration, stage1_dir=stage1_dir)
         return model
 
     model = run_cli(go)
@@ -144,5 +136,6 @@ def export_cmd(run_dir: str, out_dir: str, iteration: int | None, stage1_dir: st
                        f"{model['check']['observations']} observations: "
                        + ", ".join(f"{how.replace('_', ' ')} {gap:.3g}" for how, gap in gaps.items()))
     if "evaluation" in model:
-        e = model["evaluation"]
-        click.echo(f"  held-out: {e['return_mean']:.1f} ± {e['return_std']:.1f} over {e['episodes']} episodes")
+        e, d = model["evaluation"], model["evaluation_sampled"]
+        click.echo(f"  held-out: {e['return_mean']:.1f} ± {e['return_std']:.1f} over {e['episodes']} episodes (the "
+                   f"checkpoints' sampled policy on the same seeds: {d['return_mean']:.1f} ± {d['return_std']:.1f})")

@@ -35,7 +35,7 @@ from ..errors import SettingsError
 from ..models.greedy import DEFAULT_GREEDY, GreedyPolicy
 from ..settings import TrainSettings
 
-__all__ = ["FORMATS", "PARTS", "export_run", "load_policy", "play_exported", "read_model", "record_rows"]
+__all__ = ["FORMATS", "PARTS", "export_run", "load_policy", "play_exported", "read_model", "record_rows", "score_export"]
 
 FORMATS = ("torchscript", "onnx")
 PARTS = ("edge", "server", "policy")
@@ -217,7 +217,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, iteration: int | Non
                         "resize": settings.env.resize, "frame_skip": settings.env.frame_skip},
         "action": {"discrete": spec.discrete, "low": list(spec.action_low), "high": list(spec.action_high),
                    "map": settings.env.action_map, "greedy": "argmax" if spec.discrete else greedy},
-        "network": {"model": settings.model, "model_kwargs": settings.model_kwargs, "hidden": settings.hidden,
+        "network": {"model": settings.for_observation(spec.observation).model, "model_kwargs": settings.model_kwargs, "hidden": settings.hidden,
                     "bottleneck": settings.bottleneck, "cut": settings.cut,
                     "features": int(features.shape[1]) if len(encoder) else None},
         "codecs": dataclasses.asdict(settings.codecs),
@@ -319,3 +319,22 @@ def play_exported(model_dir: str | Path, *, episodes: int, seed: int | None = No
     act = load_policy(model_dir, fmt)
     first = eval_seed(settings) if seed is None else seed
     return play(settings, spec, act, episodes=episodes, seed=first, video_dir=video_dir), first
+
+
+def score_export(model_dir: str | Path, run_dir: str | Path, episodes: int, *, iteration: int | None = None,
+                 stage1_dir: str | Path | None = None) -> dict[str, Any]:
+    """Play ``episodes`` held-out episodes with the exported files (ONNX if written) and, on the same seeds, the
+    checkpoints' sampled policy; both scores go into ``model.json`` and the card. The updated model."""
+    from ..stages.evaluate import evaluate, load_agent
+    from .card import write_card
+
+    model = read_model(model_dir)
+    fmt = "onnx" if any("onnx" in named for named in model["files"].values()) else "torchscript"
+    result, first = play_exported(model_dir, episodes=episodes, fmt=fmt)
+    model["evaluation"] = result.record(format=fmt, seed=first)
+    settings, spec, encoder, heads, _ = load_agent(run_dir, iteration, stage1_dir)
+    sampled = evaluate(settings, encoder, heads, spec, episodes=episodes, seed=first, deterministic=False)
+    model["evaluation_sampled"] = sampled.record(seed=first)
+    (Path(model_dir) / MODEL_FILE).write_text(json.dumps(model, indent=2))
+    write_card(Path(model_dir), model)
+    return model

@@ -66,9 +66,13 @@ def write_card(out: Path, model: dict[str, Any]) -> None:
         f"| bytes on the link per env step | {_num(run.get('bytes_per_step'), ',.0f')} |",
     ]
     if evaluation:
-        lines.append(f"| held-out return, this export ({evaluation['format']}, {evaluation['episodes']} episodes "
-                     f"from seed {evaluation['seed']}) | {evaluation['return_mean']:.1f} ± "
-                     f"{evaluation['return_std']:.1f} |")
+        lines.append(f"| held-out return, this export's greedy play ({evaluation['format']}, "
+                     f"{evaluation['episodes']} episodes from seed {evaluation['seed']}) | "
+                     f"{evaluation['return_mean']:.1f} ± {evaluation['return_std']:.1f} |")
+    sampled = model.get("evaluation_sampled")
+    if sampled:
+        lines.append(f"| held-out return, the checkpoints' sampled policy (the same seeds) | "
+                     f"{sampled['return_mean']:.1f} ± {sampled['return_std']:.1f} |")
     lines += [
         "",
         f"Codecs on the link during training: `{run.get('codecs', '-')}`.",
