@@ -79,7 +79,7 @@ def test_the_image_defaults_and_the_model_are_what_they_were_for_images():
 ])
 def test_the_command_line_refuses_what_a_vector_env_cannot_take_in_one_line(tmp_path, args, words):
     result = splitrl_here("train", "--env-id", "CartPole-v1", *args, "--run-dir", str(tmp_path / "run"), code=2)
-    problems = [line for line in result.output.splitlines() if line.startswith(("  - ", "Error: --"))]
+    problems = [line for line in result.output.splitlines() if line.startswith(("  - ", "error: "))]
     assert len(problems) == 1 and words in problems[0], result.output
     assert not (tmp_path / "run").exists()
 
