@@ -214,10 +214,12 @@ def intact_checkpoints(run_dir: str | Path, stage: str) -> list[int]:
     passed over with a warning, so the run goes on from the newest intact checkpoint before it."""
     intact = []
     for iteration in checkpoint_iterations(run_dir, stage):
+        path = checkpoint_path(run_dir, stage, iteration)
         try:
-            _checked_bytes(checkpoint_path(run_dir, stage, iteration))
+            _checked_bytes(path)
         except (OSError, ValueError) as exc:
-            log.warning("%s; passed over: the run resumes from an older checkpoint if there is one", exc)
+            why = str(exc) if str(path) in str(exc) else f"checkpoint {path} cannot be read ({exc})"
+            log.warning("%s; passed over: the run resumes from an older checkpoint if there is one", why)
         else:
             intact.append(iteration)
     return intact

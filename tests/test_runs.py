@@ -175,3 +175,27 @@ def test_a_fleet_whose_furthest_edge_joined_late_keeps_the_iterations_before_it(
     assert [r["time/iteration"] for r in history.records] == [8.0, 9.0, 9.0, 9.0, 9.0]  # the furthest edge's where it ran
     assert link_bytes(history.records[-1]) == 3 + 50 and history.settings_dir.name == "edge-1"
     assert summarise_run(run)["iterations_used"] == 4  # all but the first, as for one run
+
+
+@pytest.mark.parametrize("damage", ["a read error", "a checksum file that is not text"])
+def test_a_newest_checkpoint_that_cannot_be_read_is_passed_over_with_a_warning(tmp_path, monkeypatch, caplog, damage):
+    """Resume's choice (`intact_checkpoints`): a checkpoint whose bytes or checksum cannot be read counts as damaged
+    (a checksum that does not match: tests/schedule/test_resume.py, end to end)."""
+    from pathlib import Path
+
+    from splitrl.runs import RunLog, checkpoint_path, intact_checkpoints, load_checkpoint
+
+    log = RunLog(tmp_path / "run")
+    for i in (1, 2):
+        log.checkpoint("stage0", i, {"i": i})
+    log.close()
+    newest = checkpoint_path(tmp_path / "run", "stage0", 2)
+    if damage == "a read error":
+        read_bytes = Path.read_bytes
+        monkeypatch.setattr(Path, "read_bytes", lambda self: (_ for _ in ()).throw(OSError(5, "Input/output error",
+                            str(self))) if self == newest else read_bytes(self))
+    else:
+        newest.with_name(newest.name + ".sha256").write_bytes(b"\xff\xfe")
+    assert intact_checkpoints(tmp_path / "run", "stage0") == [1]
+    assert str(newest) in caplog.text and "passed over" in caplog.text
+    assert load_checkpoint(tmp_path / "run", "stage0", 1) == {"i": 1}

@@ -63,15 +63,21 @@ def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, sta
                     raise ProtocolError(f"resume: stage1 resumes the fleet after iteration {peer_repr(said)}; this "
                                         f"edge has checkpoints of {ours or 'none'}")
                 iteration = said
+            opening = ""
             if iteration:
                 state = load_checkpoint(edge.run_log.dir, STAGE0, iteration)
                 edge.load_state_dict(state)
                 exchange.load_state_dict(state["exchange"])
-                link.meter.restore(state["meter"])
+                # The run's byte counters go on from the checkpoint's, as if it had not stopped: this session's
+                # opening is left out of them, and (one stage1, which numbers on too) its numbering goes on.
+                aside = sum(v for k, v in link.meter.restore(state["meter"]).items() if k.endswith("_bytes"))
+                opening = f" (this session's opening, {aside} bytes, is not in the run's byte counters)"
+                if "link" in state and edge.settings.schedule.edges == 1:
+                    link.go_on_from(state["link"])
             truncate_logs(edge.run_log.dir, iteration)
             if edge.tuning.budget is not None and iteration:
                 edge.tuning.last_record = edge.tuning.budget.resume(read_metrics(edge.run_log.dir))
-            log.info("[stage0] resuming after iteration %d", iteration)
+            log.info("[stage0] resuming after iteration %d%s", iteration, opening)
         try:
             records = build.SCHEDULES[edge.settings.schedule.mode].stage0_loop(edge, exchange, link,
                                                                                checkpoint_every=checkpoint_every,

@@ -47,6 +47,8 @@ def serve_stage1(learner: Learner, link: Transport, run_log: RunLog | None = Non
                 state = load_checkpoint(run_log.dir, STAGE1, iteration)
                 learner.load_state_dict(state)
                 exchange.load_state_dict(state["exchange"])
+                if "link" in state:  # numbering on from the checkpoint, as stage0 does from its own
+                    link.go_on_from(state["link"])
             log.info("[stage1] resuming after iteration %d", iteration)
         served = build.SCHEDULES[learner.settings.schedule.mode].stage1_loop(learner, exchange, link, run_log)
     except PeerGone:

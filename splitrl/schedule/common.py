@@ -143,6 +143,8 @@ def stage0_finish(edge: Edge, exchange: EdgeExchange, link: Transport, clock: Ph
             stats.update(evaluation.run(edge.net, dict(heads.tensors), iteration))
     if checkpoint and edge.run_log is not None:
         state = {**edge.state_dict(rollout), "exchange": exchange.state_dict(), "meter": link.meter.snapshot()}
+        if isinstance(link, Transport):  # one link of its own (not a thread's channel): where a resume numbers on
+            state["link"] = link.sequence()
         edge.run_log.checkpoint(STAGE0, iteration, state)
     return stats
 
@@ -167,7 +169,11 @@ def stage1_finish(learner: Learner, exchange: LearnerExchange, link: Transport |
     stats = learner.iteration_stats()
     stats["time/heads"] = busy.seconds["heads"]
     if msgs[0].header.get("checkpoint") and run_log is not None:  # every edge checkpoints on the same iterations
-        run_log.checkpoint(STAGE1, iteration, {**learner.state_dict(rollout), "exchange": exchange.state_dict()})
+        state = {**learner.state_dict(rollout), "exchange": exchange.state_dict()}
+        if isinstance(link, Transport):  # one stage0 on a link of its own: where a resume numbers on, once this
+            # iteration's iter_stats (and eval_heads) below are out, which is where stage0's checkpoint has it
+            state["link"] = link.sequence(ahead=1 + (msgs[0].header.get("eval") is True))
+        run_log.checkpoint(STAGE1, iteration, state)
     stats["cpu/stage1"] = time.process_time() - cpu_start
     heads = None
     for each, msg, extra in zip(links, msgs, extras or [{}] * len(links)):

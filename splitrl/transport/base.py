@@ -19,7 +19,7 @@ import torch
 
 from .errors import PeerAbort, PeerGone, ProtocolError, TransportClosed, TransportTimeout, peer_text
 from .fastwire import FastWire
-from .wire import ABORT_KIND, HELLO_KIND, Message, WireLimits, frame_nbytes, session_of
+from .wire import _MAX_SEQ, ABORT_KIND, HELLO_KIND, Message, WireLimits, frame_nbytes, session_of
 
 __all__ = ["Transport", "Watch", "ByteMeter", "MeterEntry", "INVALID_KIND", "STRANGER_KIND", "WAITING_LINE_EVERY"]
 
@@ -60,9 +60,13 @@ class ByteMeter:
             entry.messages += 1
             entry.frames += nframes
 
-    def restore(self, snapshot: dict[str, int]) -> None:
-        """Add the counts of an earlier `snapshot` (a resumed run goes on counting from there)."""
+    def restore(self, snapshot: dict[str, int]) -> dict[str, int]:
+        """Count on from an earlier `snapshot` (a checkpoint's: a resumed run's counters go on from the run's, as
+        if it had not stopped). What was counted before is left out of them and returned: a resumed session's
+        opening (its handshake), which the uninterrupted run did not send again."""
+        before = self.snapshot()
         with self._lock:
+            self._entries.clear()
             for key, value in snapshot.items():
                 _, kind, rest = key.split("/", 2)
                 direction, _, what = rest.partition("_")
@@ -71,6 +75,7 @@ class ByteMeter:
                     entry.bytes += value
                 elif what == "messages":
                     entry.messages += value
+        return before
 
     def entry(self, kind: str, direction: str) -> MeterEntry:
         return self._entries.get((kind, direction), MeterEntry())
@@ -255,6 +260,20 @@ class Transport(ABC):
     def watch(links: Sequence["Transport"]) -> "Watch":
         """A `Watch` over ``links`` (of this transport's kind): waits for whichever has a message."""
         return Watch(links)
+
+    def sequence(self, ahead: int = 0) -> dict[str, int]:
+        """Where this session's sequence numbers stand: the next to send (``ahead`` messages further on, for a side
+        that is about to send them) and the next expected. A checkpoint keeps it for `go_on_from`."""
+        return {"sent": self._send_seq + ahead, "received": self._recv_seq}
+
+    def go_on_from(self, position: Mapping[str, Any]) -> None:
+        """Number on from a checkpoint's `sequence`, after a resumed session's hellos (docs/PROTOCOL.md section 6):
+        its messages then cost on the link what the uninterrupted run's did (a larger number can take more
+        bytes). Both sides do it from their checkpoints of the same iteration; `ValueError` for a bad position."""
+        sent, received = (position.get("sent"), position.get("received")) if isinstance(position, Mapping) else (0, 0)
+        if not all(type(n) is int and 1 <= n <= _MAX_SEQ for n in (sent, received)):
+            raise ValueError(f"a link's sequence position must be two ints in [1, 2**63), got {position!r}")
+        self._send_seq, self._recv_seq = sent, received
 
     def new_session(self) -> None:
         """Forget the session and its sequence numbers: the next ``hello`` opens another (a peer that

@@ -31,9 +31,14 @@ def settings_hash(settings: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+_FIRST_SESSION_ID = 1 << 16
+"""The smallest id `new_session` draws: every id it draws is a msgpack uint32 (5 bytes), so which one a session
+gets never changes what its messages cost on the link (a resumed run's counters equal the uninterrupted run's)."""
+
+
 def new_session() -> int:
-    """A random session id for the outer header's ``i`` (`splitrl.transport.wire`)."""
-    return secrets.randbelow(MAX_SESSION_ID) + 1
+    """A random session id for the outer header's ``i`` (`splitrl.transport.wire`), in [2**16, 2**32)."""
+    return _FIRST_SESSION_ID + secrets.randbelow(MAX_SESSION_ID + 1 - _FIRST_SESSION_ID)
 
 
 def differing(mine: Mapping[str, Any], theirs: Any) -> list[str]:

@@ -137,17 +137,21 @@ def test_a_stage1_that_loses_its_stage0_mid_run_waits_for_it_with_rejoin(spawn, 
     stage1.wait_for("resuming after iteration 0", timeout=30)
 
 
-@pytest.mark.parametrize("hello", ["other settings", "stage1's role"])
+@pytest.mark.parametrize("hello", ["other settings", "stage1's role", "another protocol version"])
 def test_a_waiting_stage1_survives_a_strangers_wrong_hello_and_serves_its_stage0(spawn, raw_peers, endpoint, tmp_path,
                                                                                 hello):
-    """Before a session, a hello that fails (other settings, the wrong role) is a stranger's: stage1 answers it,
-    says so once, and keeps waiting for the stage0 it serves, which then trains to the end."""
+    """Before a session, a hello that fails (other settings, the wrong role, another protocol version) is a
+    stranger's: stage1 answers it, says so once, and keeps waiting for the stage0 it serves, which then trains
+    to the end."""
     stage1 = _stage1(spawn, endpoint, tmp_path)
     stranger = raw_peers(endpoint, bind=False)
     if hello == "other settings":
         stranger.hello("stage0", {**SETTINGS.shared(), "seed": 99})
-    else:
+    elif hello == "stage1's role":
         stranger.hello("stage1", SETTINGS.shared())
+    else:
+        stranger.send("hello", {"proto": 2, "role": "stage0", "settings_hash": settings_hash(SETTINGS.shared()),
+                                "settings": SETTINGS.shared()})
     kind, _, _ = stranger.recv()  # stage1's answer: the stranger learns why before it goes
     assert kind == "hello"
     stranger.close()
