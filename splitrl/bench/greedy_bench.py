@@ -1,7 +1,7 @@
 """``splitrl bench greedy``: which deterministic action plays a trained policy best.
 
 Every rule of `splitrl.models.greedy` and the sampled policy, on the same held-out seeds (`splitrl eval`'s), for
-each run given: the table that chose `DEFAULT_GREEDY`. Each row is whole episodes, so it is a score, not a timing,
+each run given, to weigh `DEFAULT_GREEDY` against the others. Each row is whole episodes, so it is a score, not a timing,
 and the machine's load does not move it.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..models.greedy import GREEDY_RULES
+from ..models.greedy import DEFAULT_GREEDY, GREEDY_RULES
 
 __all__ = ["run_greedy_bench", "format_table"]
 
@@ -28,7 +28,7 @@ def run_greedy_bench(run_dirs: list[str], episodes: int, rules: tuple[str, ...] 
         first = eval_seed(settings) if seed is None else seed
         for rule in (*rules, SAMPLED):
             result = evaluate(settings, encoder, heads, spec, episodes=episodes, seed=first,
-                              deterministic=rule != SAMPLED, greedy=rule if rule != SAMPLED else GREEDY_RULES[0])
+                              deterministic=rule != SAMPLED, greedy=rule if rule != SAMPLED else DEFAULT_GREEDY)
             rows.append({"run": Path(run_dir).name, "iteration": iteration, "rule": rule, "seed": first,
                          **result.record()})
             if log:

@@ -137,7 +137,7 @@ class Evaluation:
     the episodes then run on stage0 with no message per step. That costs one heads' worth of bytes per
     evaluation (16.8 MB with the paper's network) instead of 2 x 16 KiB per step of every episode, and
     it works with every exchange (the replica's heads would lag the trained ones). The episodes use the
-    held-out seeds of `splitrl eval` and the policy's mean; nothing of training's state is touched (own
+    held-out seeds of `splitrl eval` and its default greedy action (`DEFAULT_GREEDY`); nothing of training's state is touched (own
     env, own generator), so training goes on exactly as without it.
     """
 
