@@ -9,7 +9,6 @@ hold a checkpoint of; `recorded_checkpoints` says which of stage0's count.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shutil
 from pathlib import Path
@@ -21,7 +20,7 @@ from ..devices import describe_device, resolve_device, use_device
 from ..envs import EnvSpec, inspect_env
 from ..models import agent
 from ..runs import (CONFIG_NAMES, RunLog, check_fresh, check_run_dir, default_run_dir, intact_checkpoints,
-                    read_metrics)
+                    read_metrics, saved_config)
 from ..settings import RunOptions, SettingsError, TrainSettings
 from ..settings.specs import AUTO_MODEL, AUTO_MODELS
 from ..stages import STAGE0, STAGE1
@@ -108,8 +107,7 @@ def check(settings: TrainSettings, options: RunOptions, role: str) -> tuple[Trai
     try:
         check_run_dir(run_dir, "--resume" if options.resume else "--run-dir")
         if options.resume and spec is not None:
-            _check_resumable(Path(run_dir), CONFIG_NAMES[STAGE1 if role == LAUNCHER else role],
-                             settings.for_observation(spec.observation))
+            _check_resumable(run_dir, STAGE1 if role == LAUNCHER else role, settings.for_observation(spec.observation))
         elif not options.resume and not options.overwrite:
             check_fresh(run_dir)
     except SettingsError as exc:
@@ -123,16 +121,13 @@ def check(settings: TrainSettings, options: RunOptions, role: str) -> tuple[Trai
     return settings.for_observation(spec.observation), spec, run_dir
 
 
-def _check_resumable(run_dir: Path, config_name: str, settings: TrainSettings) -> None:
-    path = run_dir / config_name
-    if not run_dir.is_dir():
-        raise SettingsError(f"--resume {run_dir}: no such directory")
-    if not path.exists():
-        raise SettingsError(f"--resume {run_dir}: no {config_name} there (is it this stage's run directory?)")
+def _check_resumable(run_dir: str, role: str, settings: TrainSettings) -> None:
+    """SettingsError unless the run in ``run_dir`` saved a config of ``role`` whose settings are ``settings``, but
+    for ``total_steps``."""
+    config = saved_config(run_dir, role)
     # A run made before a setting existed ran with its default: it reads back as such.
-    saved_settings = TrainSettings.from_dict(json.loads(path.read_text())["settings"])
-    kind = json.loads(path.read_text()).get("env_spec", {}).get("observation", "image")
-    saved = _flatten(saved_settings.for_observation(kind).to_dict())
+    kind = config.get("env_spec", {}).get("observation", "image")
+    saved = _flatten(TrainSettings.from_dict(config["settings"]).for_observation(kind).to_dict())
     now = _flatten(settings.to_dict())
     differ = [f"{key}: the run has {saved.get(key)!r}, now {now.get(key)!r}" for key in sorted(set(saved) | set(now))
               if key != "total_steps" and saved.get(key) != now.get(key)]

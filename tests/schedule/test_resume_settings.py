@@ -2,6 +2,7 @@
 its first iteration and resumed with ``--resume DIR --total-steps N`` alone, ends bit for bit as the run that was
 never stopped; a training setting given again with another value is refused in one line naming it."""
 
+import dataclasses
 import importlib.util
 import json
 import shutil
@@ -40,22 +41,23 @@ def _assert_same(run, straight):
     assert _totals(run) == _totals(straight)
 
 
+def _trained(tmp_path_factory, name: str, steps: int) -> Path:
+    run_dir = tmp_path_factory.mktemp(name) / "run"
+    done = train_in_process("--run-dir", str(run_dir), *CUSTOM, "--total-steps", str(steps))
+    assert done.exit_code == 0, done.output[-3000:]
+    return run_dir
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     """The run never stopped."""
-    run_dir = tmp_path_factory.mktemp("straight") / "run"
-    done = train_in_process("--run-dir", str(run_dir), *CUSTOM, "--total-steps", str(TOTAL))
-    assert done.exit_code == 0, done.output[-3000:]
-    return run_dir
+    return _trained(tmp_path_factory, "straight", TOTAL)
 
 
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory):
     """The same run stopped after its first iteration."""
-    run_dir = tmp_path_factory.mktemp("stopped") / "run"
-    done = train_in_process("--run-dir", str(run_dir), *CUSTOM, "--total-steps", str(ITERATION))
-    assert done.exit_code == 0, done.output[-3000:]
-    return run_dir
+    return _trained(tmp_path_factory, "stopped", ITERATION)
 
 
 def test_the_twin_resumed_with_nothing_but_its_length_ends_bit_for_bit_as_the_run_never_stopped(
@@ -110,8 +112,6 @@ def test_a_resume_directory_that_is_no_run_is_one_line(tmp_path):
 
 def _saved(settings, options, kind="image"):
     """What a run's config holds (`splitrl.runner.rundir.prepare`)."""
-    import dataclasses
-
     return {"settings": settings.for_observation(kind).to_dict(), "options": dataclasses.asdict(options),
             "env_spec": {"observation": kind}}
 
@@ -134,8 +134,6 @@ def test_options_not_given_are_the_runs_and_only_run_time_ones_may_differ():
 
 
 def test_the_run_time_options_are_options():
-    import dataclasses
-
     names = {f.name for f in dataclasses.fields(RunOptions)}
     assert set(RUNTIME) <= names and len(set(RUNTIME)) == len(RUNTIME)
     assert not {"eval_every", "eval_episodes", "act_wait", "learners", "edge_id"} & set(RUNTIME)
