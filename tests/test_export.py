@@ -136,3 +136,52 @@ def test_what_export_and_eval_refuse(trained, exported, tmp_path):
     assert both.exit_code == 2 and "one of them" in both.stderr
     fmt = splitrl_here("export", str(trained), "--out", str(tmp_path / "x"), "--format", "tflite", code=None)
     assert fmt.exit_code == 2 and "tflite" in fmt.stderr
+
+
+def test_a_dict_policy_takes_its_image_and_its_vector_as_two_inputs(tmp_path):
+    run, out = tmp_path / "run", tmp_path / "model"
+    splitrl_here("train", "--run-dir", str(run), "--env-id", "splitrl/PickByCue-v0", "--model", "impala",
+                 "--model-kwargs", "width=8,blocks=0,features=16", "--hidden", "16", "--num-envs", "2", "--num-steps",
+                 "16", "--epochs", "1", "--minibatches", "2", "--total-steps", "32", "--threads", "1", "--vector",
+                 "sync", "--checkpoint-every", "1")
+    splitrl_here("export", str(run), "--out", str(out), "--check", "16")
+    settings, spec, _, act = _reference(run)
+    rows = record_rows(settings, spec, act, 40, seed=99)
+    n = int(np.prod(spec.obs_shape))
+    image, vector = rows[:, :n].reshape(-1, *spec.obs_shape), np.ascontiguousarray(rows[:, n:]).view(np.float32)
+    import onnxruntime
+
+    for name in ("policy.onnx", "edge.onnx"):
+        session = onnxruntime.InferenceSession(str(out / name), providers=["CPUExecutionProvider"])
+        assert [i.name for i in session.get_inputs()] == ["image", "vector"]
+    session = onnxruntime.InferenceSession(str(out / "policy.onnx"), providers=["CPUExecutionProvider"])
+    assert np.array_equal(session.run(None, {"image": image, "vector": vector})[0], act(rows))
+    with torch.no_grad():
+        traced = torch.jit.load(str(out / "policy.pt"))(torch.as_tensor(image), torch.as_tensor(vector)).numpy()
+    assert np.array_equal(traced, act(rows))
+    model = json.loads((out / "model.json").read_text())
+    assert [i["name"] for i in model["observation"]["inputs"]] == ["image", "vector"]
+    assert model["check"]["onnx"] == {"policy": 0.0, "edge_then_server": 0.0}
+    assert "{'image': image, 'vector': vector}" in (out / "README.md").read_text()
+
+
+def test_a_failed_export_leaves_no_half_written_model_and_keeps_what_is_not_its_own(trained, tmp_path, monkeypatch):
+    import splitrl.export as export
+
+    write = export._write
+
+    def fails_at_the_policy(module, example, out, name, *args):
+        if name == "policy":
+            raise RuntimeError("no room")
+        return write(module, example, out, name, *args)
+
+    out = tmp_path / "new"
+    monkeypatch.setattr(export, "_write", fails_at_the_policy)
+    with pytest.raises(RuntimeError, match="no room"):
+        export.export_run(trained, out, check_steps=2, formats=("torchscript",))
+    assert not out.exists()
+    monkeypatch.setattr(export, "_write", write)
+    export.export_run(trained, out, check_steps=2, formats=("torchscript",))
+    (out / "notes.txt").write_text("mine")
+    export.export_run(trained, out, check_steps=2, formats=("torchscript",), parts=("policy",))
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "model.json", "notes.txt", "policy.pt"]

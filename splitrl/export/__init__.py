@@ -12,7 +12,11 @@
 - ``README.md``: a model card written from the run (`splitrl.export.card`).
 
 No optimizer, buffer or training state goes along. With ``fp16`` the weights are stored as float16 and cast to
-float32 where they are used, so the files are half the size and compute as float32 does.
+float32 where they are used, so the files are half the size and compute as float32 does. A file that takes the
+observation takes stage0's rows (`splitrl.envs.EnvSpec.rows`), but for a Dict observation, whose rows are its
+image's bytes and its vectors' float32 values packed together: that file takes two inputs, ``image`` (uint8,
+channels first) and ``vector`` (float32, the vectors joined), so a player need not pack them (`_split_rows` is how
+the rows part).
 `load_policy` and `play_exported` read such a directory back (``splitrl eval --model DIR``).
 """
 
@@ -30,12 +34,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..envs import EnvSpec, batch, make_single_env
+from ..envs import DICT, EnvSpec, batch, make_single_env
 from ..errors import SettingsError
 from ..models.greedy import DEFAULT_GREEDY, GreedyPolicy
+from ..models.layers import ImageStep
 from ..settings import TrainSettings
 
-__all__ = ["FORMATS", "PARTS", "export_run", "load_policy", "play_exported", "read_model", "record_rows", "score_export"]
+__all__ = ["FORMATS", "PARTS", "export_run", "load_policy", "play_exported", "read_model", "record_rows",
+           "score_export"]
 
 FORMATS = ("torchscript", "onnx")
 PARTS = ("edge", "server", "policy")
@@ -94,8 +100,39 @@ def _torchscript() -> Any:
         yield
 
 
-def _write(module: nn.Module, example: torch.Tensor, out: Path, name: str, inputs: str, outputs: str,
-           formats: tuple[str, ...], fp16: bool) -> dict[str, str]:
+class _DictInputs(nn.Module):
+    """``module``, whose first layer unpacks a Dict observation's rows (`ImageStep`), given the two parts instead:
+    ``forward(image, vector)``."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = copy.deepcopy(module)
+        first = next(m for m in self.module.modules() if isinstance(m, ImageStep) and m.first)
+        first.first = False  # takes (image, vector) as unpack_rows would have returned them
+
+    def forward(self, image: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
+        return self.module((image, vector))
+
+
+def _split_rows(spec: EnvSpec) -> Callable[[np.ndarray], tuple[np.ndarray, ...]]:
+    """Observation rows as the exported files take them: the rows, or a Dict's (image, vector) (numpy's
+    `splitrl.models.layers.unpack_rows`)."""
+    if spec.observation != DICT:
+        return lambda rows: (rows,)
+    n = int(np.prod(spec.obs_shape))
+    return lambda rows: (rows[:, :n].reshape(-1, *spec.obs_shape), np.ascontiguousarray(rows[:, n:]).view(np.float32))
+
+
+def _inputs(spec: EnvSpec) -> list[dict[str, Any]]:
+    """The inputs of a file that takes the observation: name, dtype and shape of a row (model.json, the card)."""
+    if spec.observation != DICT:
+        return [{"name": "observation", "dtype": spec.row_dtype, "shape": list(spec.row_shape)}]
+    return [{"name": "image", "dtype": "uint8", "shape": list(spec.obs_shape), "key": spec.keys[0]},
+            {"name": "vector", "dtype": "float32", "shape": [spec.vector_dim], "keys": list(spec.keys[1:])}]
+
+
+def _write(module: nn.Module, example: tuple[torch.Tensor, ...], out: Path, name: str, inputs: list[str],
+           outputs: str, formats: tuple[str, ...], fp16: bool) -> dict[str, str]:
     """``module`` as TorchScript and/or ONNX files ``name.pt`` / ``name.onnx`` in ``out``; {format: file}."""
     module = module.eval()
     files = {}
@@ -114,7 +151,8 @@ def _write(module: nn.Module, example: torch.Tensor, out: Path, name: str, input
     return files
 
 
-def _onnx_export(module: nn.Module, example: torch.Tensor, path: Path, inputs: str, outputs: str) -> None:
+def _onnx_export(module: nn.Module, example: tuple[torch.Tensor, ...], path: Path, inputs: list[str],
+                 outputs: str) -> None:
     """torch's TorchScript-based ONNX exporter, the batch dimension left free."""
     try:
         import onnx  # noqa: F401  (the exporter writes through it)
@@ -123,8 +161,8 @@ def _onnx_export(module: nn.Module, example: torch.Tensor, path: Path, inputs: s
                             "torchscript)") from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's notes on its own future, not on this model
-        torch.onnx.export(module, (example,), str(path), input_names=[inputs], output_names=[outputs],
-                          dynamic_axes={inputs: {0: "batch"}, outputs: {0: "batch"}}, opset_version=_OPSET,
+        torch.onnx.export(module, example, str(path), input_names=inputs, output_names=[outputs],
+                          dynamic_axes={name: {0: "batch"} for name in (*inputs, outputs)}, opset_version=_OPSET,
                           dynamo=False)
 
 
@@ -187,7 +225,6 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, iteration: int | Non
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MODEL_FILE).exists())):
         raise SettingsError(f"--out {out}: exists and is not an exported model; give a new or empty directory")
     settings, spec, encoder, heads, it = load_agent(run_dir, iteration, stage1_dir)
-    out.mkdir(parents=True, exist_ok=True)
     encoder, heads = encoder.eval(), heads.eval()
     server = GreedyPolicy.of(heads, spec.action_low, spec.action_high, settings.env.action_map, greedy).eval()
     policy = nn.Sequential(encoder, server).eval()
@@ -197,66 +234,112 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, iteration: int | Non
             return policy(torch.as_tensor(rows)).numpy()
 
     check = record_rows(settings, spec, reference, max(check_steps, 2), eval_seed(settings))
-    example = torch.as_tensor(check[:2])
+    split = _split_rows(spec)
+    observed = tuple(torch.as_tensor(part) for part in split(check[:2]))  # what a file that takes the observation
+    names = [i["name"] for i in _inputs(spec)]
+
+    def taking_observation(module: nn.Module) -> nn.Module:
+        return _DictInputs(module).eval() if spec.observation == DICT else module
+
     with torch.no_grad():
-        features = encoder(example)
+        features = encoder(torch.as_tensor(check[:2]))
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    _remove_export(out)  # an earlier export's files (nothing else is there: checked above)
     files: dict[str, dict[str, str]] = {}
-    for stale in out.glob("*"):  # an earlier export's files (the directory holds nothing else: checked above)
-        stale.unlink()
-    if len(encoder) and "edge" in parts:  # a run cut at the input has no edge half: its edge sends the observation
-        files["edge"] = _write(encoder, example, out, "edge", "observation", "features", formats, fp16)
-    if "server" in parts or ("policy" not in parts and not len(encoder)):
-        files["server"] = _write(server, features, out, "server", "features", "action", formats, fp16)
-    if "policy" in parts:
-        files["policy"] = _write(policy, example, out, "policy", "observation", "action", formats, fp16)
-    model = {
-        "format": MODEL_VERSION,
-        "env_id": settings.env.env_id,
-        "observation": {"kind": spec.observation, "rows": list(spec.row_shape), "dtype": spec.row_dtype,
-                        "frame_stack": settings.env.image_pipeline[1], "grayscale": settings.env.image_pipeline[0],
-                        "resize": settings.env.resize, "frame_skip": settings.env.frame_skip},
-        "action": {"discrete": spec.discrete, "low": list(spec.action_low), "high": list(spec.action_high),
-                   "map": settings.env.action_map, "greedy": "argmax" if spec.discrete else greedy},
-        "network": {"model": settings.for_observation(spec.observation).model, "model_kwargs": settings.model_kwargs, "hidden": settings.hidden,
-                    "bottleneck": settings.bottleneck, "cut": settings.cut,
-                    "features": int(features.shape[1]) if len(encoder) else None},
-        "codecs": dataclasses.asdict(settings.codecs),
-        "weights": "float16" if fp16 else "float32",
-        "files": files,
-        "run": {"dir": Path(run_dir).name, "iteration": it, "settings_hash": settings_hash(settings.shared()),
-                **_run_summary(Path(run_dir))},
-        "settings": settings.to_dict(),
-        "env_spec": dataclasses.asdict(spec),
-        "check": _check(out, files, check, reference(check), encoder),
-    }
-    (out / MODEL_FILE).write_text(json.dumps(model, indent=2))
-    write_card(out, model)
+    try:
+        if len(encoder) and "edge" in parts:  # a run cut at the input has no edge half: its edge sends the observation
+            files["edge"] = _write(taking_observation(encoder), observed, out, "edge", names, "features", formats,
+                                   fp16)
+        if "server" in parts:
+            files["server"] = (_write(server, (features,), out, "server", ["features"], "action", formats, fp16)
+                               if len(encoder) else
+                               _write(taking_observation(server), observed, out, "server", names, "action", formats,
+                                      fp16))
+        if "policy" in parts:
+            files["policy"] = _write(taking_observation(policy), observed, out, "policy", names, "action", formats,
+                                     fp16)
+        model = {
+            "format": MODEL_VERSION,
+            "env_id": settings.env.env_id,
+            "observation": {"kind": spec.observation, "rows": list(spec.row_shape), "dtype": spec.row_dtype,
+                            "inputs": _inputs(spec), "frame_stack": settings.env.image_pipeline[1],
+                            "grayscale": settings.env.image_pipeline[0], "resize": settings.env.resize,
+                            "frame_skip": settings.env.frame_skip},
+            "action": {"discrete": spec.discrete, "low": list(spec.action_low), "high": list(spec.action_high),
+                       "map": settings.env.action_map, "greedy": "argmax" if spec.discrete else greedy},
+            "network": {"model": settings.for_observation(spec.observation).model,
+                        "model_kwargs": settings.model_kwargs, "hidden": settings.hidden,
+                        "bottleneck": settings.bottleneck, "cut": settings.cut,
+                        "features": int(features.shape[1]) if len(encoder) else None},
+            "codecs": dataclasses.asdict(settings.codecs),
+            "weights": "float16" if fp16 else "float32",
+            "files": files,
+            "run": {"dir": Path(run_dir).name, "iteration": it, "settings_hash": settings_hash(settings.shared()),
+                    **_run_summary(Path(run_dir))},
+            "settings": settings.to_dict(),
+            "env_spec": dataclasses.asdict(spec),
+            "check": _check(out, files, check, reference(check), split, not len(encoder)),
+        }
+        (out / MODEL_FILE).write_text(json.dumps(model, indent=2))
+        write_card(out, model)
+    except BaseException:
+        _remove_export(out)  # no half-written model: the directory is as empty as it was, or gone
+        if created:
+            out.rmdir()
+        raise
     return model
 
 
-def _check(out: Path, files: dict[str, dict[str, str]], rows: np.ndarray, actions: np.ndarray,
-           encoder: nn.Module) -> dict[str, Any]:
+def _remove_export(out: Path) -> None:
+    """Delete the files an export writes in ``out`` (and nothing else)."""
+    for name in (MODEL_FILE, "README.md", *(part + suffix for part in PARTS for suffix in SUFFIX.values())):
+        (out / name).unlink(missing_ok=True)
+
+
+Split = Callable[[np.ndarray], tuple[np.ndarray, ...]]
+"""Observation rows as the inputs of a file that takes the observation (`_split_rows`)."""
+
+
+def _check(out: Path, files: dict[str, dict[str, str]], rows: np.ndarray, actions: np.ndarray, split: Split,
+           cut_at_input: bool) -> dict[str, Any]:
     """Each format's largest |action - checkpoints' action| over ``rows``: of the policy file, and of the edge
     file then the server file (the server alone where the run was cut at the input)."""
     result: dict[str, Any] = {"observations": len(rows)}
     for fmt in FORMATS:
         gaps = {}
         if fmt in files.get("policy", {}):
-            gaps["policy"] = _gap(_session(out / files["policy"][fmt], fmt)(rows), actions)
-        if fmt in files.get("server", {}) and ("edge" in files or not len(encoder)):
-            edge = _session(out / files["edge"][fmt], fmt) if "edge" in files else (lambda x: x)
-            gaps["edge_then_server"] = _gap(_session(out / files["server"][fmt], fmt)(edge(rows)), actions)
+            gaps["policy"] = _gap(_session(out / files["policy"][fmt], fmt, split)(rows), actions)
+        chained = _chained(out, files, fmt, split, cut_at_input)
+        if chained is not None:
+            gaps["edge_then_server"] = _gap(chained(rows), actions)
         if gaps:
             result[fmt] = gaps
     return result
+
+
+def _chained(here: Path, files: dict[str, dict[str, str]], fmt: str, split: Split,
+             cut_at_input: bool) -> Callable[[np.ndarray], np.ndarray] | None:
+    """The edge's file then the server's, as a function of observation rows; the server's alone for a run cut at
+    the input (it takes the observation); None where the files of ``fmt`` do not make the policy."""
+    if fmt not in files.get("server", {}):
+        return None
+    if cut_at_input:
+        return _session(here / files["server"][fmt], fmt, split)
+    if fmt not in files.get("edge", {}):
+        return None
+    edge, server = _session(here / files["edge"][fmt], fmt, split), _session(here / files["server"][fmt], fmt)
+    return lambda rows: server(edge(rows))
 
 
 def _gap(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) if len(want) else 0.0
 
 
-def _session(path: Path, fmt: str) -> Callable[[np.ndarray], np.ndarray]:
-    """One exported file as a function of a numpy batch."""
+def _session(path: Path, fmt: str, split: Split | None = None) -> Callable[[np.ndarray], np.ndarray]:
+    """One exported file as a function of a numpy batch (observation rows, parted by ``split``, for a file that
+    takes the observation)."""
+    split = split or (lambda x: (x,))
     if fmt == "onnx":
         try:
             import onnxruntime
@@ -266,14 +349,14 @@ def _session(path: Path, fmt: str) -> Callable[[np.ndarray], np.ndarray]:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = 1
         session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        name = session.get_inputs()[0].name
-        return lambda x: session.run(None, {name: x})[0]
+        names = [i.name for i in session.get_inputs()]
+        return lambda x: session.run(None, dict(zip(names, split(x))))[0]
     with _torchscript():
         module = torch.jit.load(str(path), map_location="cpu").eval()
 
     def run(x: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            return module(torch.as_tensor(x)).numpy()
+            return module(*(torch.as_tensor(part) for part in split(x))).numpy()
 
     return run
 
@@ -296,14 +379,12 @@ def load_policy(model_dir: str | Path, fmt: str = "onnx") -> Callable[[np.ndarra
     the edge's file then the server's where the whole policy was not exported."""
     model = read_model(model_dir)
     files, here = model["files"], Path(model_dir)
+    split = _split_rows(EnvSpec.from_config(model["env_spec"]))
     if fmt in files.get("policy", {}):
-        return _session(here / files["policy"][fmt], fmt)
-    if fmt in files.get("server", {}) and (fmt in files.get("edge", {}) or model["network"]["features"] is None):
-        server = _session(here / files["server"][fmt], fmt)
-        if fmt not in files.get("edge", {}):
-            return server
-        edge = _session(here / files["edge"][fmt], fmt)
-        return lambda rows: server(edge(rows))
+        return _session(here / files["policy"][fmt], fmt, split)
+    chained = _chained(here, files, fmt, split, model["network"]["features"] is None)
+    if chained is not None:
+        return chained
     there = sorted({f for named in files.values() for f in named})
     raise SettingsError(f"{model_dir}: no {fmt} policy was exported; there are {', '.join(there) or 'no'} files")
 

@@ -12,8 +12,19 @@ def _num(value: Any, fmt: str = ",.1f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def _inputs(model: dict[str, Any]) -> list[dict[str, Any]]:
+    """The inputs of a file that takes the observation (model.json's, or the rows where it names none)."""
+    obs = model["observation"]
+    return obs.get("inputs") or [{"name": "observation", "dtype": obs["dtype"], "shape": obs["rows"]}]
+
+
 def _observation(model: dict[str, Any]) -> str:
     obs = model["observation"]
+    if obs["kind"] == "dict":
+        image, vector = _inputs(model)
+        return (f"a Dict observation as two inputs: `image`, uint8 of shape {image['shape']}, channels first (its "
+                f"`{image['key']}`), and `vector`, float32 of shape {vector['shape']} (its "
+                f"{', '.join(f'`{k}`' for k in vector['keys'])} joined)")
     if obs["kind"] != "image":
         return f"{obs['kind']} observations as {obs['dtype']} rows of shape {obs['rows']}"
     parts = [f"{obs['frame_stack']} stacked" if obs["frame_stack"] > 1 else "single",
@@ -25,18 +36,20 @@ def _observation(model: dict[str, Any]) -> str:
     return " ".join(parts) + f": uint8 rows of shape {obs['rows']}, channels first"
 
 
-def _snippet(name: str, files: dict[str, dict[str, str]], rows: str) -> list[str]:
+def _snippet(name: str, files: dict[str, dict[str, str]], inputs: list[dict[str, Any]]) -> list[str]:
     """Python that plays the ONNX files: the whole policy's, or the edge's then the server's."""
+    feed = "{" + ", ".join(f"'{i['name']}': {i['name']}" for i in inputs) + "}"
+    given = "; ".join(f"{i['name']}: {i['dtype']} (B, {', '.join(map(str, i['shape']))})" for i in inputs)
     if "policy" in files:
         return [f"policy = onnxruntime.InferenceSession('{name}/policy.onnx')",
-                f"action = policy.run(None, {{'observation': rows}})[0]  # rows: {rows}"]
+                f"action = policy.run(None, {feed})[0]  # {given}"]
     lines = [f"server = onnxruntime.InferenceSession('{name}/server.onnx')  # on the server"]
     if "edge" in files:
         lines += [f"edge = onnxruntime.InferenceSession('{name}/edge.onnx')  # on the device",
-                  f"features = edge.run(None, {{'observation': rows}})[0]  # rows: {rows}; send these",
+                  f"features = edge.run(None, {feed})[0]  # {given}; send these",
                   "action = server.run(None, {'features': features})[0]"]
     else:
-        lines.append(f"action = server.run(None, {{'features': rows}})[0]  # rows: {rows}, sent as they are")
+        lines.append(f"action = server.run(None, {feed})[0]  # {given}, sent as they are")
     return lines
 
 
@@ -45,7 +58,6 @@ def write_card(out: Path, model: dict[str, Any]) -> None:
     checkpoints, and how to run it."""
     run, net, action, files = model["run"], model["network"], model["action"], model["files"]
     where = out.name if out.is_absolute() else out.as_posix()  # as the user named it
-    obs = model["observation"]
     evaluation = model.get("evaluation")
     lines = [
         f"# {model['env_id']}: a split-trained PPO policy",
@@ -107,7 +119,7 @@ def write_card(out: Path, model: dict[str, Any]) -> None:
         "",
         "```python",
         "import onnxruntime",
-        *_snippet(where, files, f"{obs['dtype']} (B, {', '.join(map(str, obs['rows']))})"),
+        *_snippet(where, files, _inputs(model)),
         "```",
         "",
     ]
