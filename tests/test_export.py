@@ -134,6 +134,9 @@ def test_what_export_and_eval_refuse(trained, exported, tmp_path):
     assert wrong.exit_code == 2 and "not an exported model" in wrong.stderr
     both = splitrl_here("eval", str(trained), "--model", str(exported), code=None)
     assert both.exit_code == 2 and "one of them" in both.stderr
+    for option in (["--sample"], ["--greedy", "mode"]):  # the exported file plays its one greedy action
+        ignored = splitrl_here("eval", "--model", str(exported), *option, code=None)
+        assert ignored.exit_code == 2 and "an exported model plays the greedy action" in ignored.stderr
     fmt = splitrl_here("export", str(trained), "--out", str(tmp_path / "x"), "--format", "tflite", code=None)
     assert fmt.exit_code == 2 and "tflite" in fmt.stderr
 

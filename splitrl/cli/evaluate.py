@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from ..models.greedy import DEFAULT_GREEDY, GREEDY_RULES
 from .errors import run_cli
@@ -13,6 +14,11 @@ from .errors import run_cli
 __all__ = ["eval_cmd", "export_cmd"]
 
 _FORMATS = ("onnx", "torchscript")
+
+
+def _given(name: str) -> bool:
+    """Whether the option ``name`` was given (not left at its default)."""
+    return click.get_current_context().get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
 
 
 def _line(record: dict[str, Any]) -> str:
@@ -56,6 +62,9 @@ def eval_cmd(run_dir: str | None, model_dir: str | None, fmt: str, iteration: in
         raise click.UsageError("give RUN_DIR or --model DIR (one of them)")
     if model_dir and (record or stage1_dir or iteration is not None):
         raise click.UsageError("--record, --stage1-dir and --iteration are for RUN_DIR, not --model")
+    if model_dir and (play == "sampled" or _given("greedy")):
+        raise click.UsageError("--sample and --greedy are for RUN_DIR: an exported model plays the greedy action "
+                               "it was exported with (splitrl export --greedy)")
 
     def go() -> list[dict]:
         import torch
