@@ -45,7 +45,7 @@ def test_a_user_factory_builds_as_a_builtin_does():
     assert all(torch.equal(p, q) for p, q in zip(encoder.parameters(), again.parameters()))
 
 
-def test_the_readmes_example_factory():
+def test_the_network_guides_example_factory():
     encoder, heads = build_agent(OBS, 3, "cnn", seed=1, model="examples.my_encoder:small_cnn",
                                  model_kwargs={"channels": 8, "features": 64})
     assert encoder(torch.zeros((1,) + OBS, dtype=torch.uint8)).shape == (1, 64) and len(heads.trunk) == 0
