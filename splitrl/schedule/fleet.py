@@ -23,9 +23,12 @@ with its share of each minibatch and the fleet's step; stage1 serves them all in
 3. iteration end: ``iter_end`` from every edge, the same ``iter_stats`` to each.
 
 Edges come and go (`roster.Roster`): one whose link fails, or whose message does not fit what stage1 expects of
-it (`splitrl.stages.door.Door`, checked as it arrives, before any batched code sees it), is dropped at once and
-the rest train on while ``--min-edges`` remain; a stage0 waiting at a free place joins at an iteration's end
-with a running edge's encoder and optimizer state (``encoder_state``, relayed by stage1).
+it (`splitrl.stages.door.Door`, checked as it arrives, before any batched code sees it), or whose values do not
+hold once read on their own (rewards and features against the limits: `Learner.read_step`,
+`LearnerExchange.features`; each encoder gradient or change: `EncoderSum.take`; the encoder it reports at
+``iter_end``: `agreement.fleet_digests`), is dropped at once and the rest train on while ``--min-edges``
+remain; a stage0 waiting at a free place joins at an iteration's end with a running edge's encoder and
+optimizer state (``encoder_state``, relayed by stage1 once it is the fleet's: `agreement.StateCheck`).
 
 Stage1 learns as one edge with every edge's envs, each edge's envs a group
 (`TrainSettings.fleet_view`): N edges x E envs compute what 1 edge x N*E envs in N

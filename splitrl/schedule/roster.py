@@ -1,8 +1,9 @@
 """Which of a fleet's places hold an edge: admission, dropping, joining, and where a resumed fleet goes on.
 
 Stage1 of a fleet (`splitrl.schedule.fleet`) binds a port pair per edge (docs/PROTOCOL.md section 15); the
-`Roster` answers the hellos that come there (the handshake, `Roster.admit`), drops an edge whose link fails or
-whose message does not fit (`Roster.lose`; the fit is `splitrl.stages.door.Door`'s to judge), lets a waiting
+`Roster` answers the hellos that come there (the handshake, `Roster.admit`), drops an edge whose link fails,
+whose message does not fit (`Roster.lose`; the fit is `splitrl.stages.door.Door`'s to judge) or whose values do
+not hold once read (`Roster.judge`: `splitrl.stages.limits`, `splitrl.schedule.agreement`), lets a waiting
 stage0 join at an iteration's end with a running edge's encoder (`Roster.welcome`), and says after which
 iteration a resumed fleet goes on (`Roster.resume`). The fleet's loops send and receive through it, so a
 failing edge is dropped wherever it fails.

@@ -40,8 +40,8 @@ from .autoencoder import Autoencoder, sampled, unpack_sample
 from .budget import CodecTuning
 from .decoupled import Rescore
 from .fleet_encoder import EncoderSum
-from .limits import EdgeLimits
 from .learners import Learners
+from .limits import EdgeLimits
 from .order_free import batch_invariant, step_generator
 from .outcomes import read_outcome
 from .protocol import ENCODER_PREFIX, Payload

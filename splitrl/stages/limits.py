@@ -13,8 +13,8 @@ that a whole fleet stops learning and still exits 0. So stage1 holds, as each me
 
 A value beyond is a `ProtocolError` naming the kind, the tensor and the limit's option; a fleet's stage1
 drops that edge and names it (`splitrl.schedule.roster.Roster.judge`), a single stage1 stops with it. The
-defaults (1e6) lie far above what an honest run sends: CarRacing's rewards are within [-100, 10] a step,
-CartPole's 1, and the encoders' features and gradients are orders of magnitude below.
+defaults (1e6) lie far above what an honest run sends: a CarRacing step's reward is a few units (-100 at
+worst), CartPole's 1, and the encoders' features and gradients are orders of magnitude below.
 
 Each check is one reduction over the tensor (``aminmax``, or a float32 norm per tensor) and one number read
 back; the exact norm in float64, and which tensor is to blame, are worked out only when a check fails.
@@ -48,7 +48,7 @@ class EdgeLimits:
         tensor and the option; tensors that are not floating point pass as they are."""
         if limit == math.inf or not x.is_floating_point() or x.numel() == 0:
             return x
-        low, high = (float(v) for v in x.aminmax())
+        low, high = torch.stack(x.aminmax()).tolist()  # (one read back from a device)
         if not (-limit <= low and high <= limit):
             top = high if math.isnan(high) or math.isnan(low) or high >= -low else low
             raise ProtocolError(f"{kind}: tensor {name!r}: a value of {top:.3g}, beyond {option} {limit:g}")
