@@ -8,9 +8,10 @@ differs: its encoder diverged (it stepped with other gradients, or joined with a
 encoder has more edges than every other (two edges that disagree), stage1 cannot tell which is the fleet's:
 the run ends with an error naming them. A joining edge starts from a running edge's ``encoder_state``
 (`splitrl.schedule.roster.Roster.welcome`); `StateCheck` holds it against the fleet's digests of that iteration
-tensor by tensor, Adam's moments that are not digested (``--encoder-sync avg``: each edge's own) against
-``--edge-grad-limit``, and the fleet's env-step count against stage1's, so that a sharing edge cannot hand a
-new one another encoder, or one that gets it dropped and blamed.
+tensor by tensor, what is each edge's own and so not digested against the limits (Adam's moments with
+``--encoder-sync avg``: ``--edge-grad-limit``; buffers, such as a batch norm's statistics:
+``--edge-feature-limit``), and the fleet's env-step count against stage1's, so that a sharing edge cannot hand
+a new one another encoder, or one that gets it dropped and blamed.
 
 Several learners: each checks its own edges (the learners' heads are compared after each iteration; their
 edges' encoders are not compared across learners).
@@ -81,10 +82,13 @@ class StateCheck:
             if got != want:
                 raise ProtocolError(f"{msg.kind}: tensor {name!r}: not the fleet's encoder after iteration "
                                     f"{self.iteration} (digest {got[:12]}.., the edges reported {want[:12]}..)")
-        for name, t in msg.tensors.items():
-            if name not in self.digests and not name.startswith("net."):  # an edge's own moments (avg)
-                bound = self.limits.grad ** 2 if name.startswith("exp_avg_sq.") else self.limits.grad
-                self.limits.bounded(msg.kind, name, t, bound, "--edge-grad-limit")
+        for name, t in msg.tensors.items():  # what is each edge's own: moments (avg), buffers
+            if name not in self.digests:
+                if name.startswith("net."):
+                    self.limits.features(msg.kind, name, t)
+                else:
+                    bound = self.limits.grad ** 2 if name.startswith("exp_avg_sq.") else self.limits.grad
+                    self.limits.bounded(msg.kind, name, t, bound, "--edge-grad-limit")
         if msg.header.get("global_step") != self.steps:
             raise ProtocolError(f"{msg.kind}: header 'global_step': expected the fleet's {self.steps} env steps "
                                 f"after iteration {self.iteration}, got {peer_repr(msg.header.get('global_step'))}")

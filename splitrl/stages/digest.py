@@ -3,8 +3,8 @@
 Every edge of a fleet keeps the same encoder bit for bit (``--encoder-sync grad``: the same summed gradients
 and optimizer steps, so the same weights and Adam moments; ``avg``: the same agreed weights after each
 epoch's last average). So each edge reports at each iteration's end (``iter_end``'s ``encoder``) a digest
-of every tensor a joining edge would take from it (`EdgeEncoder.state`: the weights, and with ``grad`` the
-moments too), stage1 takes the one most edges report as the fleet's (`splitrl.schedule.agreement`), and
+of every tensor a joining edge would take from it that the edges hold alike (`EdgeEncoder.state`: the
+parameters, not buffers computed from each edge's own data; with ``grad`` the moments too), stage1 takes the one most edges report as the fleet's (`splitrl.schedule.agreement`), and
 checks an ``encoder_state`` it relays against it, tensor by tensor, before a new edge starts from it.
 
 A digest is BLAKE2b-128 of the tensor's dtype, shape and bytes, as 32 hex digits: one pass over the bytes

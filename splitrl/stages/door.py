@@ -91,8 +91,9 @@ class Door:
         self.moments = {f"{m}.{name.removeprefix(ENCODER_PREFIX)}": (torch.float32, shape)
                         for name, shape in params for m in ("exp_avg", "exp_avg_sq")}
         grad = learner.settings.schedule.parsed_encoder_sync().name == "grad"
-        self.digested = set(self.state) | (set(self.moments) if grad and params else set())
-        """The tensors ``iter_end``'s ``encoder`` digests: the weights, and with ``--encoder-sync grad`` (where
+        self.digested = {f"net.{name.removeprefix(ENCODER_PREFIX)}" for name, _ in params} | (
+            set(self.moments) if grad else set())
+        """The tensors ``iter_end``'s ``encoder`` digests: the parameters, and with ``--encoder-sync grad`` (where
         every edge steps with the same gradients) Adam's moments."""
 
     def check(self, msg: Message, rows: int | None = None) -> None:

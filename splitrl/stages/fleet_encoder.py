@@ -112,10 +112,12 @@ class EdgeEncoder:
         return {name: to_host(t.detach()).clone() for name, t in tensors}, step
 
     def digests(self, moments: bool) -> dict[str, str]:
-        """The digest of each tensor of `state` the fleet's edges hold alike (`splitrl.stages.digest`): the weights,
-        and with ``moments`` (``--encoder-sync grad``: every edge steps with the same gradients) Adam's moments."""
+        """The digest of each tensor of `state` the fleet's edges hold alike (`splitrl.stages.digest`): the
+        parameters (not buffers, such as a batch norm's statistics of each edge's own data), and with ``moments``
+        (``--encoder-sync grad``: every edge steps with the same gradients) Adam's moments."""
         tensors, _ = self._state()
-        return digests((name, t) for name, t in tensors if moments or name.startswith("net."))
+        params = {f"net.{name}" for name, _ in self.net.named_parameters()}
+        return digests((name, t) for name, t in tensors if name in params or (moments and not name.startswith("net.")))
 
     def join(self, msg: Message, iteration: int) -> int:
         """Take another edge's `state` (checked: every weight, each moment for every parameter or for none) after

@@ -119,3 +119,16 @@ def test_a_joiner_gets_the_second_sources_encoder_when_the_firsts_is_not_the_fle
     roster.alive[1] = False
     with pytest.raises(ProtocolError, match=rf"^edge 0: encoder_state: tensor '{weight}': not the fleet's encoder"):
         roster.welcome([1], [0], 3, check)
+
+
+def test_an_edges_digests_cover_its_parameters_not_the_buffers_of_its_own_data():
+    from torch import nn
+
+    from splitrl.stages.fleet_encoder import EdgeEncoder
+
+    net = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    digests = EdgeEncoder(net, None, lambda: net).digests(moments=True)
+    assert sorted(digests) == ["net.0.bias", "net.0.weight", "net.1.bias", "net.1.weight"]
+    assert all(len(d) == 32 and not d.strip("0123456789abcdef") for d in digests.values())
+    net[0].weight.data[0, 0] += 1e-7  # one ulp or so: another digest
+    assert EdgeEncoder(net, None, lambda: net).digests(moments=True)["net.0.weight"] != digests["net.0.weight"]
