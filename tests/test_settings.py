@@ -88,7 +88,7 @@ def test_the_ranges_of_a_specs_parameters_are_declared_and_checked(cls):
     for f in bounded:
         low = f.metadata["min"]
         assert getattr(cls.parse(f"{name}:{f.name}={low}"), f.name) == low
-        with pytest.raises(SettingsError, match=f"{option} .*: {f.name} must be >= {low}, got {low - 1}"):
+        with pytest.raises(SettingsError, match=f"{option} .*: {f.name} must be >= {low:g}, got {low - 1}"):
             cls.parse(f"{name}:{f.name}={low - 1}")
 
 
@@ -105,6 +105,7 @@ def test_each_declared_choice_is_checked(cls, f):
     (EnvSettings, "env_kwargs", "a=1,b"), (CodecSettings, "codec_rollout", "gzip"),
     (CodecSettings, "codec_fwd", "paper"), (CodecSettings, "codec_bwd", "replica"), (CodecSettings, "exchange", "copy"),
     (CodecSettings, "link_budget", "fast"), (ScheduleSettings, "encoder_sync", "avg:every=0"),
+    (ScheduleSettings, "encoder_sync", "grad:robust=mean"), (ScheduleSettings, "encoder_sync", "grad:every=2"),
 ])
 def test_each_spec_option_reports_what_is_wrong_naming_itself(cls, f, bad):
     field = next(g for g in dataclasses.fields(cls) if g.name == f)
@@ -175,6 +176,9 @@ EXAMPLES: list[tuple[str, TrainSettings, RunOptions]] = [
      RunOptions(min_edges=3)),
     ("serve a fleet of at least as many edges", TrainSettings(), RunOptions(learners=2)),
     ("work with one learner", TrainSettings(total_steps=8192, schedule=FLEET), RunOptions(learners=2, rejoin=5)),
+    ("robust=... works with one learner",
+     TrainSettings(total_steps=8192, schedule=ScheduleSettings(edges=2, encoder_sync="grad:robust=median")),
+     RunOptions(learners=2)),
     ("--learners > 1 needs the samples' features", TrainSettings(cut="input", total_steps=8192, schedule=FLEET),
      RunOptions(learners=2)),
     ("runs over --transport zmq only, got tcp", TrainSettings(total_steps=8192, schedule=FLEET),

@@ -129,12 +129,15 @@ def iteration_stats(link: Transport) -> dict[str, Any]:
 
 
 def stage0_finish(edge: Edge, exchange: EdgeExchange, link: Transport, clock: PhaseClock, iteration: int,
-                  checkpoint: bool, rollout: dict[str, Any], evaluation: Evaluation | None = None) -> dict[str, Any]:
-    """``iter_end`` -> stage1's statistics; the evaluation if one is due (stage1's heads, ``eval_heads``, scored
-    here with the encoder); stage0's checkpoint (with the end of ``rollout``, `Edge.rollout_summary`)."""
+                  checkpoint: bool, rollout: dict[str, Any], evaluation: Evaluation | None = None,
+                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``iter_end`` (with ``extra`` in its header) -> stage1's statistics; the evaluation if one is due (stage1's
+    heads, ``eval_heads``, scored here with the encoder); stage0's checkpoint (with the end of ``rollout``,
+    `Edge.rollout_summary`)."""
     evaluating = evaluation is not None and evaluation.due(iteration)
     with clock("link"):
-        link.send("iter_end", header={"iteration": iteration, "checkpoint": checkpoint, "eval": evaluating})
+        link.send("iter_end", header={"iteration": iteration, "checkpoint": checkpoint, "eval": evaluating,
+                                      **(extra or {})})
         stats = iteration_stats(link)
     if evaluating:
         assert evaluation is not None

@@ -23,9 +23,12 @@ with its share of each minibatch and the fleet's step; stage1 serves them all in
 3. iteration end: ``iter_end`` from every edge, the same ``iter_stats`` to each.
 
 Edges come and go (`roster.Roster`): one whose link fails, or whose message does not fit what stage1 expects of
-it (`splitrl.stages.door.Door`, checked as it arrives, before any batched code sees it), is dropped at once and
-the rest train on while ``--min-edges`` remain; a stage0 waiting at a free place joins at an iteration's end
-with a running edge's encoder and optimizer state (``encoder_state``, relayed by stage1).
+it (`splitrl.stages.door.Door`, checked as it arrives, before any batched code sees it), or whose values do not
+hold once read on their own (rewards and features against the limits: `Learner.read_step`,
+`LearnerExchange.features`; each encoder gradient or change: `EncoderSum.take`; the encoder it reports at
+``iter_end``: `agreement.fleet_digests`), is dropped at once and the rest train on while ``--min-edges``
+remain; a stage0 waiting at a free place joins at an iteration's end with a running edge's encoder and
+optimizer state (``encoder_state``, relayed by stage1 once it is the fleet's: `agreement.StateCheck`).
 
 Stage1 learns as one edge with every edge's envs, each edge's envs a group
 (`TrainSettings.fleet_view`): N edges x E envs compute what 1 edge x N*E envs in N
@@ -44,14 +47,21 @@ from ..runs import RunLog
 from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..stages.door import Door
 from ..stages.evaluate import Evaluation
+from ..stages.fleet_encoder import EncoderSum
+from ..stages.learner import ReadStep
 from ..transport import Message, Transport
 from .common import (IterationLog, PhaseClock, checkpoint_due, expect, stage0_after_rollout, stage0_finish,
                      stage1_finish, stops)
+from .agreement import StateCheck, fleet_digests
 from .roster import Roster
 from .sync import stage0_rollout
 from .training import Part, Parts, Step, stage0_train
 
-__all__ = ["stage0_loop", "stage1_loop"]
+__all__ = ["stage0_loop", "stage1_loop", "SOURCES"]
+
+SOURCES = 2
+"""Edges asked for their encoder when edges join (each sends it: the bytes of one more encoder state a join), so
+that a joiner still starts from the fleet's encoder when the first one's is not (`agreement.StateCheck`)."""
 
 
 def _own_share(edge: Edge) -> Parts:
@@ -104,6 +114,7 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
                 evaluation: Evaluation | None = None) -> list[dict[str, Any]]:
     """Every iteration from one edge's side; returns its metrics records."""
     s = edge.settings
+    sync = s.schedule.parsed_encoder_sync()
     edge.open_envs()
     metrics = IterationLog(edge, link, {"fleet/edge": edge.edge})
     for iteration in range(edge.train_iteration + 1, s.num_iterations + 1):
@@ -121,7 +132,8 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
 
         # -- iteration end -------------------------------------------------------------
         checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
-        stats = stage0_finish(edge, exchange, link, clock, iteration, checkpoint, rollout, evaluation)
+        stats = stage0_finish(edge, exchange, link, clock, iteration, checkpoint, rollout, evaluation,
+                              extra={"encoder": edge.fleet.digests(moments=sync.name == "grad")})
         if stats.get("share_encoder") is True:  # an edge joins the fleet now: it starts from this one's encoder
             with clock("link"):
                 link.send("encoder_state", *edge.encoder_state())
@@ -134,16 +146,17 @@ def _rollout_in_lock_step(learner: Learner, roster: Roster, busy: PhaseClock, pe
     actions are drawn in edge order from one generator: what 1 edge with every edge's envs in groups draws (of
     several learners, each edge's from its own step's generator, as `_rollout_as_they_come` draws)."""
     for t in range(learner.settings.ppo.num_steps):
-        steps = roster.gather("step", t=t)
-        with busy("heads"):
-            replies = learner.act_groups([(roster.first + g, t, msg) for g, msg in steps],
-                                         order_free=not learner.learners.alone)
+        with busy("heads"):  # each edge's step read and checked on its own: one that fails is dropped here
+            steps = [(g, read) for g, msg in roster.gather("step", t=t)
+                     if (read := roster.judge(g, lambda msg=msg, g=g: learner.read_step(roster.first + g, t, msg)))
+                     is not None]
+            replies = learner.act_read([read for _, read in steps], order_free=not learner.learners.alone)
         learner.stats["fleet/act_batch_mean"].append(float(len(steps) * per_edge))
         for (g, _), (tensors, header) in zip(steps, replies):
             roster.send(g, "action", tensors, {**header, "t": t})
     for g, msg in roster.gather("rollout_end"):
         with busy("heads"):
-            learner.end_rollout(msg, roster.first + g)
+            roster.judge(g, lambda msg=msg, g=g: learner.end_rollout(msg, roster.first + g))
 
 
 LIVENESS_EVERY = 0.1
@@ -159,7 +172,7 @@ def _rollout_as_they_come(learner: Learner, roster: Roster, busy: PhaseClock, pe
     now = time.monotonic()
     todo = {g: 0 for g in roster.live()}  # each edge's next step; ``steps``: its rollout_end
     heard = dict.fromkeys(todo, now)  # when each edge last sent or was answered
-    pending: dict[int, tuple[int, int, Message]] = {}  # edge -> its step waiting for an action
+    pending: dict[int, ReadStep] = {}  # edge -> its step, read, waiting for an action
     first = looked = now
     while todo:
         waiting = [g for g in todo if g not in pending]
@@ -168,14 +181,17 @@ def _rollout_as_they_come(learner: Learner, roster: Roster, busy: PhaseClock, pe
             heard[g] = now
             if t < steps:
                 msg = roster.expect(g, "step", t=t)
-                if msg is not None:
+                with busy("heads"):
+                    read = (roster.judge(g, lambda: learner.read_step(roster.first + g, t, msg))
+                            if msg is not None else None)
+                if read is not None:
                     first = now if not pending else first
-                    pending[g] = (roster.first + g, t, msg)
+                    pending[g] = read
             else:
                 msg = roster.expect(g, "rollout_end")
                 if msg is not None:
                     with busy("heads"):
-                        learner.end_rollout(msg, roster.first + g)
+                        roster.judge(g, lambda: learner.end_rollout(msg, roster.first + g))
                     del todo[g]
         now = time.monotonic()
         if now >= looked + LIVENESS_EVERY:  # the edges that have not sent: gone, or silent too long?
@@ -188,13 +204,54 @@ def _rollout_as_they_come(learner: Learner, roster: Roster, busy: PhaseClock, pe
         if pending and (len(pending) == len(todo) or now >= first + wait):
             batch = list(pending.items())
             with busy("heads"):
-                replies = learner.act_groups([step for _, step in batch], order_free=True)
+                replies = learner.act_read([step for _, step in batch], order_free=True)
             learner.stats["fleet/act_batch_mean"].append(float(len(batch) * per_edge))
             now = time.monotonic()
-            for (g, (_, t, _)), (tensors, header) in zip(batch, replies):
+            for (g, (_, t, _, _)), (tensors, header) in zip(batch, replies):
                 roster.send(g, "action", tensors, {**header, "t": t})
                 todo[g], heard[g] = t + 1, now
             pending.clear()
+
+
+def _learn_shares(exchange: LearnerExchange, roster: Roster, busy: PhaseClock, idx: torch.Tensor, owner: torch.Tensor,
+                  epoch: int, mb: int) -> None:
+    """The loss of each edge's share of minibatch (epoch, mb) (``owner``: each sample's edge), its ``train_bwd``.
+    Every share's features are read and checked first (an edge whose share fails is dropped), so that the
+    minibatch's members are known before any loss. An edge that holds no sample of it sends nothing."""
+    shares = []
+    for g in roster.live():
+        share = idx[owner == roster.first + g]
+        msg = roster.expect(g, "train_fwd", rows=len(share), epoch=epoch, mb=mb) if len(share) else None
+        if msg is not None:
+            with busy("heads"):
+                seen = roster.judge(g, lambda: exchange.features(msg, share))
+            shares.append((g, share, msg, seen))
+    members = roster.members(idx, owner)
+    for g, share, msg, seen in shares:
+        if seen is None or not roster.alive[g]:
+            continue
+        with busy("heads"):
+            reply = roster.judge(g, lambda: exchange.learn(msg, share, members, seen=seen))
+        if reply is not None:
+            roster.send(g, "train_bwd", reply[0], {**reply[1], "epoch": epoch, "mb": mb})
+
+
+def _sync_encoders(encoder: EncoderSum, roster: Roster, busy: PhaseClock, sync: str, said: dict[str, Any]) -> None:
+    """Every edge's encoder gradient (``--encoder-sync grad``: ``encoder_grad``) or change (``avg``:
+    ``encoder_avg``) after minibatch (epoch, mb) of ``said``, each taken on its own (held against
+    --edge-grad-limit, clipped: `EncoderSum.take`; an edge whose one fails is dropped); their sum, or mean, to
+    each edge, with ``said``."""
+    kind, taken = f"encoder_{sync}", []
+    for g, msg in roster.gather(f"encoder_{sync}", epoch=said["epoch"], mb=said["mb"]):
+        with busy("heads"):
+            part = roster.judge(g, lambda: encoder.take(msg))
+        if part is not None:
+            taken.append((g, part))
+    with busy("heads"):
+        parts = [part for _, part in taken]
+        reply = encoder.sum_gradients(parts) if sync == "grad" else encoder.mean(parts)
+    for g, _ in taken:
+        roster.send(g, kind, reply, said)
 
 
 def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run_log: RunLog | None = None,
@@ -229,40 +286,21 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run
         if not learner.trains_alone:
             for epoch, minibatches in enumerate(order):
                 for mb, idx in enumerate(minibatches):
-                    owner = idx % s.env.num_envs // per_edge
-                    # Every share's features first, so the minibatch's members are known before any loss.
-                    shares = [(g, share, roster.expect(g, "train_fwd", rows=len(share), epoch=epoch, mb=mb))
-                              for g, share in ((g, idx[owner == roster.first + g]) for g in roster.live())
-                              if len(share)]
-                    members = roster.members(idx, owner)
-                    for g, share, msg in shares:
-                        if msg is None or not roster.alive[g]:
-                            continue
-                        with busy("heads"):
-                            tensors, header = exchange.learn(msg, share, members)
-                        roster.send(g, "train_bwd", tensors, {**header, "epoch": epoch, "mb": mb})
+                    _learn_shares(exchange, roster, busy, idx, idx % s.env.num_envs // per_edge, epoch, mb)
                     with busy("heads"):
                         learner.optimizer_step()
                     stop = mb == len(minibatches) - 1 and learner.stop_early()
                     said = {"epoch": epoch, "mb": mb, **({"stop": True} if stop else {})}
-                    if sync.name == "grad":
-                        grads = roster.gather("encoder_grad", epoch=epoch, mb=mb)
-                        with busy("heads"):
-                            summed = learner.sum_gradients([msg for _, msg in grads])
-                        for g, _ in grads:
-                            roster.send(g, "encoder_grad", summed, said)
-                    elif sync.due(epoch, mb, len(minibatches)):
-                        changes = roster.gather("encoder_avg", epoch=epoch, mb=mb)
-                        with busy("heads"):
-                            mean = learner.average_encoders([msg for _, msg in changes], sync.sync)
-                        for g, _ in changes:
-                            roster.send(g, "encoder_avg", mean, said)
+                    if sync.name == "grad" or sync.due(epoch, mb, len(minibatches)):
+                        _sync_encoders(learner.encoder_sum, roster, busy, sync.name, said)
                 if stop:
                     break
 
         # -- iteration end; edges that wait at free places join (below --min-edges, stage1 waits for them) --
         learner.learners.same_weights(learner.heads, f"their heads after training iteration {iteration}")
         ends = roster.gather("iter_end", iteration=iteration)
+        fleet = fleet_digests(roster, ends, iteration)  # an edge whose encoder diverged is dropped, named
+        ends = [(g, msg) for g, msg in ends if roster.alive[g]]
         joiners, waited = [], 0.0
         if iteration < s.num_iterations and roster.free():
             waited = roster.rejoin if len(ends) < roster.min_edges else 0.0
@@ -270,12 +308,14 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run
         learner.stats["fleet/edges"].append(float(learner.learners.sum_count(len(ends))))
         learner.stats["fleet/dropped"].append(float(roster.dropped))
         learner.stats["fleet/joined"].append(float(roster.joined))  # joins of this iteration's end count next
-        source = next((g for g, _ in ends if roster.alive[g]), None)  # gives a joiner its encoder
-        extras = [{"share_encoder": True} if joiners and g == source else {} for g, _ in ends]
+        # Two edges give a joiner their encoder: if the first's is not the fleet's, the second's is taken.
+        sources = [g for g, _ in ends if roster.alive[g]][:SOURCES] if joiners else []
+        extras = [{"share_encoder": True} if g in sources else {} for g, _ in ends]
         stage1_finish(learner, exchange, [roster.link(g) for g, _ in ends], busy, iteration, order, run_log,
                       cpu_start, rollout, msgs=[msg for _, msg in ends], extras=extras)
         if joiners:
-            roster.welcome(joiners, source if source is not None else -1, iteration)
+            roster.welcome(joiners, sources, iteration, StateCheck(fleet or {}, learner.limits, iteration,
+                                                                   iteration * s.steps_per_iteration))
         if waited:  # stage1 waited --rejoin seconds; a fleet that fell short later waits at the next end
             roster.require(waited)
     roster.gather("close")

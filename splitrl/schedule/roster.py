@@ -1,8 +1,9 @@
 """Which of a fleet's places hold an edge: admission, dropping, joining, and where a resumed fleet goes on.
 
 Stage1 of a fleet (`splitrl.schedule.fleet`) binds a port pair per edge (docs/PROTOCOL.md section 15); the
-`Roster` answers the hellos that come there (the handshake, `Roster.admit`), drops an edge whose link fails or
-whose message does not fit (`Roster.lose`; the fit is `splitrl.stages.door.Door`'s to judge), lets a waiting
+`Roster` answers the hellos that come there (the handshake, `Roster.admit`), drops an edge whose link fails,
+whose message does not fit (`Roster.lose`; the fit is `splitrl.stages.door.Door`'s to judge) or whose values do
+not hold once read (`Roster.judge`: `splitrl.stages.limits`, `splitrl.schedule.agreement`), lets a waiting
 stage0 join at an iteration's end with a running edge's encoder (`Roster.welcome`), and says after which
 iteration a resumed fleet goes on (`Roster.resume`). The fleet's loops send and receive through it, so a
 failing edge is dropped wherever it fails.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
@@ -28,6 +29,8 @@ from .common import expect
 __all__ = ["Roster", "LINK_ERRORS"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 LINK_ERRORS = (PeerGone, PeerAbort, TransportTimeout, ProtocolError)
 """What an edge's link raises when the edge is gone, silent, stopping, or breaking the protocol."""
@@ -121,6 +124,18 @@ class Roster:
                 self.lose(g, ProtocolError(f"edge {self.first + g}: {exc}"))
                 return None
         return msg
+
+    def judge(self, g: int, read: Callable[[], T]) -> T | None:
+        """``read()``, which reads what edge ``g`` sent (decodes it, holds its values against the limits:
+        `splitrl.stages.limits`); None if it raises a `ProtocolError`, which drops the edge, named, as `expect`
+        does (or was dropped already)."""
+        if not self.alive[g]:
+            return None
+        try:
+            return read()
+        except ProtocolError as exc:
+            self.lose(g, ProtocolError(f"edge {self.first + g}: {exc}"))
+            return None
 
     def gather(self, kind: str, **header: Any) -> list[tuple[int, Message]]:
         """``kind`` from every live edge, in edge order: (edge, message) of those still there."""
@@ -272,16 +287,25 @@ class Roster:
             self.send(g, "resume", header={"iteration": iteration})
         return iteration
 
-    def welcome(self, joiners: list[int], source: int, iteration: int) -> None:
-        """Give edges answered at the end of ``iteration`` (`admit`) the encoder of edge ``source``, which
-        was asked for it (``share_encoder``); they are edges of the fleet from the next iteration. If the
-        source is gone by now, they are told to come again."""
-        msg = self.expect(source, "encoder_state", iteration=iteration) if source >= 0 else None
+    def welcome(self, joiners: list[int], sources: Sequence[int], iteration: int,
+                verify: Callable[[Message], Message] | None = None) -> None:
+        """Give edges answered at the end of ``iteration`` (`admit`) the encoder of the first of ``sources`` (each
+        asked for it: ``share_encoder``) whose ``encoder_state`` passes ``verify`` (`splitrl.schedule.agreement`:
+        the fleet's encoder, tensor by tensor); a source whose state fails is dropped, named (`judge`). They are
+        edges of the fleet from the next iteration. With no such state, they are told to come again."""
+        msg = None
+        for source in sources:  # every source asked sends its state: each is taken off its link
+            got = self.expect(source, "encoder_state", iteration=iteration)
+            if got is not None and verify is not None:
+                check = verify
+                got = self.judge(source, lambda state=got: check(state))
+            if msg is None:
+                msg = got
         for g in joiners:
             try:
                 if msg is None:
-                    raise PeerGone(f"edge {self.first + source}, whose encoder it was to start from, is gone; "
-                                   "start again")
+                    raise PeerGone(f"no edge of the fleet could give its encoder (asked: "
+                                   f"{', '.join(str(self.first + k) for k in sources) or 'none'}); start again")
                 self.links[g].send("encoder_state", dict(msg.tensors), dict(msg.header))
             except LINK_ERRORS as exc:
                 self._refuse(g, f"could not join: {exc}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .specs import FLEET_CODECS, OUTPUT_CODECS, Exchange, codec_base, parsed_codec
+from .specs import FLEET_CODECS, OUTPUT_CODECS, EncoderSync, Exchange, codec_base, parsed_codec
 
 __all__ = ["Rule", "RULES", "SCOPES", "rule_errors"]
 
@@ -43,6 +43,14 @@ def _exchange(s: Any) -> Exchange | None:
         return Exchange.parse(s.codecs.exchange)
     except ValueError:
         return None
+
+
+def _robust(s: Any) -> bool:
+    """Whether ``--encoder-sync`` asks for a robust sum (False where it does not parse: its own check says why)."""
+    try:
+        return EncoderSync.parse(s.schedule.encoder_sync).robust != "off"
+    except ValueError:
+        return False
 
 
 def _is_replica(s: Any) -> bool:
@@ -202,6 +210,9 @@ RULES: list[Rule] = [
     Rule("launch", lambda s, o: o.learners > 1 and (o.min_edges not in (0, s.schedule.edges) or o.rejoin),
          "--min-edges and --rejoin work with one learner (--learners 1): across learners an edge lost ends the "
          "run"),
+    Rule("launch", lambda s, o: o.learners > 1 and _robust(s),
+         "--encoder-sync ...:robust=... works with one learner (--learners 1): each coordinate's trimmed mean or "
+         "median is taken over the edges one stage1 serves"),
     Rule("launch", lambda s, o: o.learners > 1 and (s.cut == "input" or s.bottleneck_train == "autoencoder"),
          "--learners > 1 needs the samples' features to stay with each learner's edges: not --cut input (stage1 "
          "would train alone on every edge's frames) nor --bottleneck-train autoencoder (its fit would see one "

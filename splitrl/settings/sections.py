@@ -208,8 +208,23 @@ class ScheduleSettings:
         "grad", "with --edges > 1, how the edges keep one encoder: 'grad' sums their encoder gradients through "
                 "stage1 every minibatch, so N edges x E envs train as 1 edge x N*E envs in N groups; "
                 "'avg[:every=K,sync=int8|bf16|fp32]' lets each edge step alone and averages their weights "
-                "through stage1 every K minibatches (default 8) and at each epoch's end, for thin links",
+                "through stage1 every K minibatches (default 8) and at each epoch's end, for thin links; either takes "
+                "clip=NORM (each edge's gradient or change scaled to at most NORM before they are added; default 0: "
+                "off) and robust=trimmed|median (each coordinate's trimmed mean or median over the edges instead of "
+                "their sum or mean: one of 3 or more edges cannot move the encoder far; default off)",
         spec=EncoderSync.parse)
+    edge_reward_limit: float = doc(
+        1e6, "stage1: the largest |reward| it takes from stage0 (each edge of a fleet); a larger one is that edge's "
+             "error, naming it and the tensor: a fleet drops the edge while --min-edges remain, otherwise the run "
+             "ends (inf: no limit)", above=0.0)
+    edge_feature_limit: float = doc(
+        1e6, "stage1: the largest |value| of the features it takes from stage0 (with --cut input, of the float "
+             "observations), as decoded, in the rollout and in training; beyond it, as --edge-reward-limit",
+        above=0.0)
+    edge_grad_limit: float = doc(
+        1e6, "stage1 of a fleet: the largest L2 norm of an edge's encoder gradient (encoder_grad) or change "
+             "(encoder_avg); beyond it, as --edge-reward-limit (to scale a large one down instead: --encoder-sync "
+             "grad:clip=NORM)", above=0.0)
 
     @property
     def mode(self) -> str:

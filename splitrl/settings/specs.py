@@ -19,7 +19,7 @@ from .options import bound_error
 
 __all__ = ["CODEC_NAMES", "CODEC_STREAMS", "EXCHANGES", "ENCODER_SYNCS", "SYNC_MODES", "OUTPUT_CODECS",
            "FLEET_CODECS", "MODEL_NAMES", "AUTO_MODEL", "AUTO_MODELS",
-           "EncoderSync", "Exchange", "parse_kwargs", "parse_env_kwargs",
+           "ROBUST_SUMS", "EncoderSync", "Exchange", "parse_kwargs", "parse_env_kwargs",
            "parse_model_kwargs", "check_model", "codec_spec", "parse_link_budget",
            "parsed_codec", "codec_base"]
 
@@ -41,6 +41,8 @@ AUTO_MODELS = {"image": "nature", "vector": "mlp", "dict": "nature"}
 joined to the features after it)."""
 EXCHANGES = ("features", "replica")
 ENCODER_SYNCS = ("grad", "avg")
+ROBUST_SUMS = ("off", "trimmed", "median")
+"""How stage1 combines a fleet's encoder gradients or changes (`EncoderSync.robust`)."""
 SYNC_MODES = ("fp32", "bf16", "int8")
 OUTPUT_CODECS = ("fp32", "bf16", "fp16", "int8")
 """The dense codecs that carry the replica exchange's per-sample outputs and their gradient."""
@@ -87,25 +89,33 @@ def check_model(spec: str) -> str:
 
 
 def _named_params(cls: type, spec: str, option: str, names: tuple[str, ...],
-                  with_params: tuple[str, ...]) -> Any:
+                  with_params: dict[str, tuple[str, ...] | None]) -> Any:
     """``NAME[:key=value,...]`` read against the fields of ``cls`` (all but ``name``) into an instance; only
-    the names in ``with_params`` take parameters, a ``sync`` parameter names a dense codec (`SYNC_MODES`), and
-    each parameter lies in the range its field declares. SettingsError naming what is wrong."""
+    the names in ``with_params`` take parameters (the fields it lists for the name; None: every one), a
+    ``sync`` parameter names a dense codec (`SYNC_MODES`), a field that declares ``choices`` takes one of them,
+    and each parameter lies in the range its field declares. SettingsError naming what is wrong."""
     name, _, params = spec.strip().partition(":")
     if name not in names:
         raise SettingsError(f"{option} {spec!r}: unknown {option[2:].replace('-', ' ')} {name!r} "
                             f"(one of {', '.join(names)})")
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "name"} if name in with_params else {}
+    taken = with_params.get(name, ())
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "name" and (taken is None or f.name in taken)}
     values: dict[str, Any] = {}
     for item in filter(None, params.split(",")):
         key, eq, raw = (part.strip() for part in item.partition("="))
         if not eq or key not in fields:
             raise SettingsError(f"{option} {spec!r}: unknown parameter {item!r} for {name!r} "
                                 f"(parameters: {', '.join(fields) or 'none'})")
+        kind = fields[key].type
+        whole = kind in (int, "int")
         try:
-            values[key] = int(raw) if fields[key].type in (int, "int") else raw
+            values[key] = int(raw) if whole else float(raw) if kind in (float, "float") else raw
         except ValueError:
-            raise SettingsError(f"{option} {spec!r}: {key}={raw!r} is not a whole number") from None
+            raise SettingsError(f"{option} {spec!r}: {key}={raw!r} is not a {'whole ' if whole else ''}number") \
+                from None
+        choices = fields[key].metadata.get("choices")
+        if choices and values[key] not in choices:
+            raise SettingsError(f"{option} {spec!r}: {key} must be one of {', '.join(choices)}, got {raw!r}")
     if values.get("sync", SYNC_MODES[-1]) not in SYNC_MODES:  # a weight sync's codec (`WeightSync`)
         raise SettingsError(f"{option} {spec!r}: sync must be one of {', '.join(SYNC_MODES)}")
     parsed = cls(name, **values)
@@ -131,11 +141,20 @@ class EncoderSync:
     """avg: minibatches between averages (counted over the iteration; each epoch's last averages too)."""
     sync: str = "int8"
     """avg: how the weight changes travel (fp32, bf16 or int8 with one scale per row)."""
+    clip: float = field(default=0.0, metadata={"min": 0.0, "finite": True})
+    """Each edge's encoder gradient (grad) or change (avg) scaled down to at most this L2 norm before stage1 adds
+    them up (0, the default: off, so the sum is the edges' own, what one edge with every edge's envs computes)."""
+    robust: str = field(default="off", metadata={"choices": ROBUST_SUMS})
+    """How stage1 combines the edges' gradients (grad) or changes (avg): 'off' adds them up (avg: their mean);
+    'trimmed' or 'median' takes each coordinate's mean without its largest and smallest value, or its median,
+    times the number of edges (avg: once), so that one of three or more edges cannot move the encoder far
+    (`splitrl.stages.robust`)."""
 
     @classmethod
     def parse(cls, spec: str) -> "EncoderSync":
         """SettingsError naming what is wrong."""
-        return _named_params(cls, spec, "--encoder-sync", ENCODER_SYNCS, with_params=("avg",))
+        return _named_params(cls, spec, "--encoder-sync", ENCODER_SYNCS,
+                             with_params={"grad": ("clip", "robust"), "avg": None})
 
     def due(self, epoch: int, mb: int, minibatches: int) -> bool:
         """Whether the edges average after minibatch (epoch, mb)."""
@@ -162,7 +181,7 @@ class Exchange:
     @classmethod
     def parse(cls, spec: str) -> "Exchange":
         """SettingsError (a ValueError) naming what is wrong."""
-        return _named_params(cls, spec, "--exchange", EXCHANGES, with_params=("replica",))
+        return _named_params(cls, spec, "--exchange", EXCHANGES, with_params={"replica": None})
 
 
 def codec_spec(stream: str) -> Callable[[str], Any]:

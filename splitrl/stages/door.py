@@ -20,7 +20,8 @@ Per kind (docs/PROTOCOL.md; `splitrl.stages.protocol`):
   encoder_avg    every parameter's change through ``--encoder-sync avg``'s dense codec (`update_layout`)
   encoder_state  the encoder's state dict, and Adam's moments once it has stepped (what `EdgeEncoder.join`
                  takes)
-  iter_end       no tensors; ``checkpoint`` and ``eval`` true or false
+  iter_end       no tensors; ``checkpoint`` and ``eval`` true or false; ``encoder``: a digest (32 hex digits) of
+                 every tensor of the edge's encoder the fleet's edges hold alike (`EdgeEncoder.digests`)
   close          no tensors
 
 What only decoding can tell (the values inside a compressed or varint-coded part) the decoders still check.
@@ -36,11 +37,14 @@ import torch
 from ..codecs import CodecError, Layout, fits
 from ..transport import Message, ProtocolError
 from ..transport.errors import peer_repr
+from .digest import DIGEST_CHARS
 from .learner import Learner
 from .protocol import ENCODER_PREFIX
 from .weights import update_layout
 
 __all__ = ["Door", "check_layout"]
+
+HEX = "0123456789abcdef"
 
 
 def _shown(dtype: torch.dtype, dims: tuple[int | None, ...]) -> str:
@@ -86,6 +90,11 @@ class Door:
         """``encoder_state``'s weights; once the encoder has stepped, Adam's `moments` too."""
         self.moments = {f"{m}.{name.removeprefix(ENCODER_PREFIX)}": (torch.float32, shape)
                         for name, shape in params for m in ("exp_avg", "exp_avg_sq")}
+        grad = learner.settings.schedule.parsed_encoder_sync().name == "grad"
+        self.digested = {f"net.{name.removeprefix(ENCODER_PREFIX)}" for name, _ in params} | (
+            set(self.moments) if grad else set())
+        """The tensors ``iter_end``'s ``encoder`` digests: the parameters, and with ``--encoder-sync grad`` (where
+        every edge steps with the same gradients) Adam's moments."""
 
     def check(self, msg: Message, rows: int | None = None) -> None:
         """``msg`` (its kind and header counters checked already: `splitrl.schedule.common.expect`) fits;
@@ -153,4 +162,13 @@ class Door:
             if type(msg.header.get(key)) is not bool:
                 raise ProtocolError(f"{msg.kind}: header {key!r}: expected true or false, got "
                                     f"{peer_repr(msg.header.get(key))}")
+        digests = msg.header.get("encoder")
+        if not isinstance(digests, dict) or set(digests) != self.digested:
+            got = sorted(digests) if isinstance(digests, dict) else digests
+            raise ProtocolError(f"{msg.kind}: header 'encoder': expected a digest of each of {len(self.digested)} "
+                                f"tensors {sorted(self.digested)[:3]}..., got {peer_repr(got)}")
+        for name, digest in digests.items():
+            if not isinstance(digest, str) or len(digest) != DIGEST_CHARS or digest.strip(HEX):
+                raise ProtocolError(f"{msg.kind}: header 'encoder': {name!r}: expected {DIGEST_CHARS} hex digits, "
+                                    f"got {peer_repr(digest)}")
         return {}

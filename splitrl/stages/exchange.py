@@ -21,6 +21,7 @@ satisfy; so neither half depends on the stage classes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,6 +34,7 @@ from ..models import ActorCriticHeads
 from ..settings import Exchange, TrainSettings
 from ..transport import Message, ProtocolError
 from .autoencoder import Autoencoder
+from .limits import EdgeLimits
 from .protocol import Payload
 
 __all__ = ["Sent", "EdgeSide", "LearnerSide", "EdgeExchange", "LearnerExchange", "FeaturesEdge", "FeaturesLearner"]
@@ -63,6 +65,8 @@ class LearnerSide(Protocol):
     codecs: CodecSet
     heads: ActorCriticHeads
     autoencoder: Autoencoder | None
+    limits: EdgeLimits
+    """What stage0's features may hold (`splitrl.stages.limits`)."""
     train_iteration: int
     """The iteration being trained on."""
 
@@ -146,11 +150,18 @@ class LearnerExchange:
         self.learner = learner
         self.codecs: CodecSet = learner.codecs
 
-    def learn(self, msg: Message, idx: torch.Tensor, minibatch: torch.Tensor | None = None) -> Payload:
+    def learn(self, msg: Message, idx: torch.Tensor, minibatch: torch.Tensor | None = None,
+              seen: torch.Tensor | None = None) -> Payload:
         """Back-propagate the loss of samples ``idx`` into the heads; ``train_bwd``'s contents.
 
-        ``minibatch``: the whole minibatch when ``idx`` is one micro-batch of it (see `Learner.loss`)."""
+        ``minibatch``: the whole minibatch when ``idx`` is one micro-batch of it (see `Learner.loss`); ``seen``:
+        what `features` decoded of ``msg`` already. A loss that is not finite is a `ProtocolError`."""
         raise NotImplementedError
+
+    def features(self, msg: Message, idx: torch.Tensor) -> torch.Tensor:
+        """What ``train_fwd`` carries for samples ``idx``, decoded and checked (a fleet reads every edge's share
+        of a minibatch before any loss, and drops an edge whose share fails)."""
+        raise ProtocolError(f"{msg.kind}: features are read ahead with --exchange features only")
 
     def rescore(self, msg: Message, idx: torch.Tensor) -> None:
         """Score samples ``idx`` again from ``rescore``'s features (`Learner.rescore`, ``--rescore``)."""
@@ -182,19 +193,28 @@ class FeaturesLearner(LearnerExchange):
     def _features(self, msg: Message, idx: torch.Tensor, step: int) -> torch.Tensor:
         """The encoder's output for samples ``idx`` as stage1 sees it (through the fwd codec), in the training
         of the rollout that ended at env step ``step``."""
-        return self.codecs.unpack("fwd", "features", msg.tensors, msg.header, Context(idx=idx, global_step=step),
-                                  (len(idx), self.learner.heads.input_dim), torch.float32)
+        return self.learner.limits.features(msg.kind, "features", self.codecs.unpack(
+            "fwd", "features", msg.tensors, msg.header, Context(idx=idx, global_step=step),
+            (len(idx), self.learner.heads.input_dim), torch.float32))
+
+    def features(self, msg: Message, idx: torch.Tensor) -> torch.Tensor:
+        return self._features(msg, idx, self.learner.train_step)
 
     def rescore(self, msg: Message, idx: torch.Tensor) -> None:
         # Decoded as the training about to begin decodes its features.
         self.learner.rescore(idx, self._features(msg, idx, self.learner.rescore_step))
 
-    def learn(self, msg: Message, idx: torch.Tensor, minibatch: torch.Tensor | None = None) -> Payload:
+    def learn(self, msg: Message, idx: torch.Tensor, minibatch: torch.Tensor | None = None,
+              seen: torch.Tensor | None = None) -> Payload:
         learner = self.learner
         step = learner.train_step
-        seen = self._features(msg, idx, step)
+        seen = self._features(msg, idx, step) if seen is None else seen
         x = seen.detach().requires_grad_()
-        learner.loss(idx, *learner.heads.outputs(x), minibatch).backward()
+        loss = learner.loss(idx, *learner.heads.outputs(x), minibatch)
+        value = float(loss.detach())  # (its statistics were read back already: no extra wait on a device)
+        if not math.isfinite(value):
+            raise ProtocolError(f"{msg.kind}: tensor 'features': the PPO loss of these {len(idx)} samples is {value}")
+        loss.backward()
         tensors, header = {}, {}
         mask = relu_mask(learner.settings, seen)
         self.codecs.pack("bwd", "grad", x.grad, Context(idx=idx, mask=mask, global_step=step), tensors, header)

@@ -24,10 +24,14 @@ from torch import nn
 
 from ..codecs import CodecError
 from ..devices import to_device, to_host
+from ..settings import EncoderSync
 from ..transport import Message, ProtocolError
 from ..transport.errors import peer_repr
 from .learners import Learners
 from .protocol import ENCODER_PREFIX, tensor
+from .digest import digests
+from .limits import EdgeLimits
+from .robust import combine
 from .weights import WeightSync
 
 __all__ = ["EdgeEncoder", "EncoderSum"]
@@ -88,20 +92,32 @@ class EdgeEncoder:
         self.agreed = {ENCODER_PREFIX + n: p.detach().clone() for n, p in self.net.named_parameters()}
 
     # -- joining ---------------------------------------------------------------------------------
-    def state(self) -> tuple[dict[str, torch.Tensor], int]:
-        """The encoder's weights and its optimizer's moments in host memory, as a joining edge takes them (`join`),
-        and Adam's step count."""
-        # Copies: a large tensor leaves zero-copy, after this edge may have stepped again.
-        tensors = {f"net.{name}": to_host(t.detach()).clone() for name, t in self.net.state_dict().items()}
+    def _state(self) -> tuple[list[tuple[str, torch.Tensor]], int]:
+        """The tensors of `state` as they are (not copied) and Adam's step count."""
+        tensors = [(f"net.{name}", t) for name, t in self.net.state_dict().items()]
         step = 0
         if self.optimizer is not None:
             for name, p in ((n, p) for n, p in self.net.named_parameters() if p.requires_grad):
                 moments = self.optimizer.state.get(p)
                 if moments:
                     step = int(moments["step"])
-                    tensors[f"exp_avg.{name}"] = to_host(moments["exp_avg"]).clone()
-                    tensors[f"exp_avg_sq.{name}"] = to_host(moments["exp_avg_sq"]).clone()
+                    tensors += [(f"exp_avg.{name}", moments["exp_avg"]), (f"exp_avg_sq.{name}", moments["exp_avg_sq"])]
         return tensors, step
+
+    def state(self) -> tuple[dict[str, torch.Tensor], int]:
+        """The encoder's weights and its optimizer's moments in host memory, as a joining edge takes them (`join`),
+        and Adam's step count."""
+        tensors, step = self._state()
+        # Copies: a large tensor leaves zero-copy, after this edge may have stepped again.
+        return {name: to_host(t.detach()).clone() for name, t in tensors}, step
+
+    def digests(self, moments: bool) -> dict[str, str]:
+        """The digest of each tensor of `state` the fleet's edges hold alike (`splitrl.stages.digest`): the
+        parameters (not buffers, such as a batch norm's statistics of each edge's own data), and with ``moments``
+        (``--encoder-sync grad``: every edge steps with the same gradients) Adam's moments."""
+        tensors, _ = self._state()
+        params = {f"net.{name}" for name, _ in self.net.named_parameters()}
+        return digests((name, t) for name, t in tensors if name in params or (moments and not name.startswith("net.")))
 
     def join(self, msg: Message, iteration: int) -> int:
         """Take another edge's `state` (checked: every weight, each moment for every parameter or for none) after
@@ -147,39 +163,48 @@ class EdgeEncoder:
 
 
 class EncoderSum:
-    """Stage1's side of the fleet's encoder: the edges' gradients summed, their changes averaged (over every
-    learner's edges). ``start``: the encoder as built from the seed, named as the edges send it."""
+    """Stage1's side of the fleet's encoder: each edge's gradient or change taken (`take`: held against
+    ``--edge-grad-limit``, clipped), then summed or averaged (over every learner's edges; robustly with
+    ``--encoder-sync ...:robust=``). ``start``: the encoder as built from the seed, named as the edges send it."""
 
-    def __init__(self, start: dict[str, torch.Tensor], learners: Callable[[], Learners]) -> None:
+    def __init__(self, start: dict[str, torch.Tensor], learners: Callable[[], Learners],
+                 sync: EncoderSync | None = None, limits: EdgeLimits | None = None) -> None:
         self.start = start
         """The view a fleet's average starts from; a resumed fleet's as it last agreed on it."""
         self.learners = learners
+        self.sync = sync or EncoderSync()
+        self.limits = limits
         self.average: WeightSync | None = None
 
-    def sum_gradients(self, msgs: list[Message]) -> dict[str, torch.Tensor]:
-        """The edges' gradients (each ``encoder_grad``), added up in edge order (then over the learners)."""
-        total: dict[str, torch.Tensor] = {}
-        for msg in msgs:
-            for name, start in self.start.items():
-                grad = tensor(msg, name, tuple(start.shape), torch.float32)
-                total[name] = grad.clone() if name not in total else total[name].add_(grad)
-        return self.learners().sum_named(total, self.start)
-
-    def mean(self, msgs: list[Message], mode: str) -> dict[str, torch.Tensor]:
-        """The edges' encoders averaged: each ``encoder_avg`` carries an edge's change since the last average; the
-        parts of their mean, which every edge then adds to the same view."""
+    def _view(self) -> WeightSync:
         if self.average is None:
-            self.average = WeightSync(self.start.items(), mode, "encoder average")
-        sync, learners = self.average, self.learners()
-        total: dict[str, torch.Tensor] = {}
-        for msg in msgs:
+            self.average = WeightSync(self.start.items(), self.sync.sync, "encoder average")
+        return self.average
+
+    def take(self, msg: Message) -> dict[str, torch.Tensor]:
+        """One edge's ``encoder_grad`` (its gradients) or ``encoder_avg`` (its change, decoded), checked against
+        ``--edge-grad-limit`` and clipped (`EdgeLimits.gradient`); `ProtocolError` if it does not fit."""
+        if msg.kind == "encoder_avg":
             try:
-                for name, change in sync.changes(msg.tensors).items():
-                    total[name] = change if name not in total else total[name].add_(change)
+                tensors = self._view().changes(msg.tensors)
             except CodecError as exc:
                 raise ProtocolError(f"{msg.kind}: {exc}") from None
-        count = learners.sum_count(len(msgs))
-        total = learners.sum_named(total, self.start)
+        else:
+            tensors = {name: tensor(msg, name, tuple(start.shape), torch.float32) for name, start in self.start.items()}
+        return self.limits.gradient(msg.kind, tensors) if self.limits is not None else tensors
+
+    def sum_gradients(self, grads: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The edges' gradients (each `take`n), added up in edge order (then over the learners), or combined as
+        ``robust`` says (`splitrl.stages.robust`)."""
+        return self.learners().sum_named(combine(grads, self.start, self.sync.robust), self.start)
+
+    def mean(self, changes: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The edges' encoders averaged: each change (`take`n from an ``encoder_avg``) is an edge's since the last
+        average; the parts of their mean (or ``robust`` combination), which every edge then adds to the same
+        view."""
+        sync, learners = self._view(), self.learners()
+        count = learners.sum_count(len(changes))
+        total = learners.sum_named(combine(changes, sync.view, self.sync.robust), self.start)
         return sync.encode({name: sync.view[name] + change / count for name, change in total.items()})
 
     def state_dict(self) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from .budget import CodecTuning
 from .decoupled import Rescore
 from .fleet_encoder import EncoderSum
 from .learners import Learners
+from .limits import EdgeLimits
 from .order_free import batch_invariant, step_generator
 from .outcomes import read_outcome
 from .protocol import ENCODER_PREFIX, Payload
@@ -48,9 +49,13 @@ from .rollouts import Groups, Rollouts
 from .update import PPOUpdate
 from .versions import PolicyVersions
 
-__all__ = ["Learner"]
+__all__ = ["Learner", "ReadStep"]
 
 log = logging.getLogger(__name__)
+
+ReadStep = tuple[int, int, torch.Tensor, "tuple[torch.Tensor, ...] | None"]
+"""A group's step as `Learner.read_step` reads it: (group, step, its decoded input, the outcome of its last action:
+None at step 0)."""
 
 
 class Learner:
@@ -79,10 +84,11 @@ class Learner:
         self.policy: PolicyVersions[ActorCriticHeads] = PolicyVersions(self.heads, acting_copy)
         """The heads the rollout acts with and the published ones (`publish`, `adopt`)."""
         self.trains_alone = not any(True for _ in stage0_net.parameters())
+        self.limits = EdgeLimits(settings.schedule)  # what stage0's rewards, features, encoder gradients may hold
         self.encoder_sum = EncoderSum({ENCODER_PREFIX + name: to_host(p.detach()).clone()
-                                       for name, p in stage0_net.named_parameters()}, lambda: self.learners)
-        """A fleet's encoder: its edges' gradients summed (`sum_gradients`), their encoders averaged
-        (`average_encoders`)."""
+                                       for name, p in stage0_net.named_parameters()}, lambda: self.learners,
+                                      settings.schedule.parsed_encoder_sync(), self.limits)
+        """A fleet's encoder: its edges' gradients summed, their encoders averaged (`EncoderSum`)."""
         self.feature_dim = self.heads.input_dim
         """The width of the features at the cut."""
         self.encoder_tensors = {name: (t.dtype, tuple(t.shape)) for name, t in stage0_net.state_dict().items()}
@@ -143,7 +149,8 @@ class Learner:
         """Decode stage0's rollout features (the observations with the cut before the first layer) for ``ctx``'s
         rows."""
         shape, dtype = self.input_shape(len(ctx.idx if ctx.idx is not None else ctx.envs))
-        return self.codecs.unpack("rollout", name, msg.tensors, msg.header, ctx, shape, dtype)
+        return self.limits.features(msg.kind, name, self.codecs.unpack("rollout", name, msg.tensors, msg.header, ctx,
+                                                                       shape, dtype))
 
     # -- rollout ---------------------------------------------------------------------
     def begin_rollout(self, iteration: int) -> None:
@@ -165,25 +172,30 @@ class Learner:
 
     def act_groups(self, steps: list[tuple[int, int, Message]], order_free: bool = False) -> list[Payload]:
         """`act` for several groups' step messages (``(g, t, msg)``: group ``g``'s step ``t``) with one forward
-        of the heads (a fleet's edges, batched as an inference server would).
+        of the heads (a fleet's edges, batched as an inference server would): `read_step`s, then `act_read`."""
+        return self.act_read([self.read_step(g, t, msg) for g, t, msg in steps], order_free)
 
-        Each group's actions are sampled in the order given, from the shared generator, unless
-        ``order_free``: then as `splitrl.stages.order_free` makes them, so that they do not depend on which
-        groups came together or in what order (a fleet served as its edges arrive, ``--act-wait``)."""
-        n = self.settings.env.num_envs
-        inputs, outcomes = [], []
+    def read_step(self, g: int, t: int, msg: Message) -> ReadStep:
+        """Group ``g``'s step ``t``, decoded and checked (`splitrl.stages.limits`), stored by `act_read`: a fleet
+        drops an edge whose step fails here (a `ProtocolError`) and acts for the others."""
+        rows = self.groups.rows[g]
+        if t == 0 and "budget" in msg.header:
+            self.tuning.take(self.iteration, msg.header["budget"])
         with torch.no_grad():
-            for g, t, msg in steps:
-                rows = self.groups.rows[g]
-                if t == 0 and "budget" in msg.header:
-                    self.tuning.take(self.iteration, msg.header["budget"])
-                if t > 0:
-                    outcomes.append((t - 1, g, self._outcome(t - 1, msg, g)))
-                ctx = Context(idx=t * n + rows, envs=rows, global_step=self.global_step(t, g))
-                inputs.append(self._input(msg, ctx))
-                if self.autoencoder is not None and sampled(self.settings, t):
-                    self.autoencoder.add(unpack_sample(msg, len(rows), self.heads.trunk[-1].out_features))
-            self.rollouts.record_outcomes(self.iteration, outcomes)
+            outcome = self._outcome(t - 1, msg, g) if t > 0 else None
+            x = self._input(msg, Context(idx=t * self.settings.env.num_envs + rows, envs=rows,
+                                         global_step=self.global_step(t, g)))
+            if self.autoencoder is not None and sampled(self.settings, t):
+                self.autoencoder.add(unpack_sample(msg, len(rows), self.heads.trunk[-1].out_features))
+        return g, t, x, outcome
+
+    def act_read(self, steps: list[ReadStep], order_free: bool = False) -> list[Payload]:
+        """Record the outcomes `read_step` read, then sample each group's actions in the order given, from the
+        shared generator, unless ``order_free``: then as `splitrl.stages.order_free` makes them, whoever came
+        together and in whatever order (a fleet served as its edges arrive, ``--act-wait``)."""
+        with torch.no_grad():
+            self.rollouts.record_outcomes(self.iteration, [(t - 1, g, out) for g, t, _, out in steps if t > 0])
+            inputs = [x for _, _, x, _ in steps]
             x = inputs[0] if len(inputs) == 1 else torch.cat(inputs)
             if order_free:  # one thread, rows padded: any batch gives a row one result
                 mean, value = batch_invariant(self.acting.outputs, x)
@@ -192,9 +204,9 @@ class Learner:
             # Each group's draw is its own call, as one group alone would make it (a draw of the whole batch
             # at once would give other numbers: torch fills large normal tensors block-wise).
             parts = [(len(rows), self.step_generator(g, t) if order_free else self.generator)
-                     for (g, t, _), rows in zip(steps, inputs)]
+                     for (g, t, _, _), rows in zip(steps, inputs)]
             u, logprob, _, v = self.acting.evaluate(mean, value, parts=parts)
-        self.rollouts.store(self.iteration, [(t, g) for g, t, _ in steps], x, self._acting_version(),
+        self.rollouts.store(self.iteration, [(t, g) for g, t, _, _ in steps], x, self._acting_version(),
                             actions=u, logprobs=logprob, values=v)
         wire = to_host(self.acting.wire_action(u))  # one copy for every group's actions
         payloads, start = [], 0
@@ -216,11 +228,13 @@ class Learner:
         """Group ``g``'s last outcome and the value of the observation it bootstraps from."""
         ppo = self.settings.ppo
         last = ppo.num_steps - 1
-        with torch.no_grad():
-            self.rollouts.record_outcomes(self.iteration, [(last, g, self._outcome(last, msg, g))])
+        with torch.no_grad():  # both read (and checked) before either is stored
+            outcome = self._outcome(last, msg, g)
             rows = self.groups.slices[g]
             ctx = Context(envs=torch.arange(rows.start, rows.stop), global_step=self.global_step(ppo.num_steps, g))
-            self.rollouts.last_values[self.iteration][rows] = self.acting.get_value(self._input(msg, ctx))
+            value = self.acting.get_value(self._input(msg, ctx))
+            self.rollouts.record_outcomes(self.iteration, [(last, g, outcome)])
+            self.rollouts.last_values[self.iteration][rows] = value
 
     def _outcome(self, step: int, msg: Message, g: int) -> tuple[torch.Tensor, ...]:
         """Group ``g``'s (reward, terminated, truncated, final values) after step ``step``, as ``msg`` carries it."""
@@ -229,7 +243,7 @@ class Learner:
         def final_values(index: torch.Tensor) -> torch.Tensor:
             ctx = Context(envs=index + envs.start, global_step=self.global_step(step + 1, g))
             return self.acting.get_value(self._input(msg, ctx, "final_features"))
-        return read_outcome(msg, envs, final_values, self.device)
+        return self.limits.outcome(msg.kind, read_outcome(msg, envs, final_values, self.device))
 
     # -- training --------------------------------------------------------------------
     def begin_training(self, iteration: int) -> list[list[torch.Tensor]]:
@@ -308,14 +322,6 @@ class Learner:
         """CleanRL's ``--target-kl`` (`PPOUpdate.stop_early`). Stage1 decides and tells stage0 in the epoch's last
         ``train_bwd`` (``encoder_grad`` in a fleet, ``progress`` when stage1 trains alone) header: ``stop``."""
         return self.update.stop_early()
-
-    def sum_gradients(self, msgs: list[Message]) -> dict[str, torch.Tensor]:
-        """A fleet's encoder gradients summed (`EncoderSum.sum_gradients`)."""
-        return self.encoder_sum.sum_gradients(msgs)
-
-    def average_encoders(self, msgs: list[Message], mode: str) -> dict[str, torch.Tensor]:
-        """A fleet's encoders averaged, ``--encoder-sync avg`` (`EncoderSum.mean`)."""
-        return self.encoder_sum.mean(msgs, mode)
 
     def publish(self, versions: Iterable[int] | None = None) -> ActorCriticHeads:
         """The trained heads as the acting copy of each of ``versions`` (taken at stage0's word: `adopt`); default:

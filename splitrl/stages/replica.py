@@ -218,7 +218,8 @@ class ReplicaLearner(LearnerExchange):
     def exchange(self) -> Exchange:
         return self.learner.exchange
 
-    def learn(self, msg: Message, idx: torch.Tensor, minibatch: torch.Tensor | None = None) -> Payload:
+    def learn(self, msg: Message, idx: torch.Tensor, minibatch: torch.Tensor | None = None,
+              seen: torch.Tensor | None = None) -> Payload:
         learner = self.learner
         ctx = Context(idx=idx, global_step=learner.train_step)
         heads = learner.heads

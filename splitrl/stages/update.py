@@ -24,6 +24,7 @@ minibatch's; its statistics are kept once it is whole.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any, Callable
 
@@ -101,9 +102,16 @@ class PPOUpdate:
         """The minibatch's optimizer step, with the gradients its loss left (summed over the learners)."""
         self._minibatch_done()
         self.learners().sum_gradients(self.params)
-        nn.utils.clip_grad_norm_(self.params, self.ppo.max_grad_norm)
+        norm = float(nn.utils.clip_grad_norm_(self.params, self.ppo.max_grad_norm))
+        if not math.isfinite(norm):  # clipping would zero every gradient: a run that learns nothing, silently
+            raise FloatingPointError(f"the heads' gradient has an L2 norm of {norm} after a minibatch: the losses "
+                                     f"of its samples overflowed (the last: {self._last_losses()})")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def _last_losses(self) -> str:
+        keys = ("losses/policy_loss", "losses/value_loss")
+        return ", ".join(f"{k} {self.stats[k][-1]:g}" for k in keys if self.stats.get(k)) or "none kept"
 
     def stop_early(self) -> bool:
         """CleanRL's ``--target-kl``: after an epoch, whether the approximate KL of its last minibatch exceeds the

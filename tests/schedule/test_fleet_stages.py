@@ -139,7 +139,8 @@ def test_averaging_brings_every_edge_to_the_mean_of_their_encoders(mode):
     bit for bit, the mean of theirs, exactly up to float sums in fp32 and up to the rounding in int8: one scale a
     row, so half a step on each edge's change on its way up and half of the mean's on its way down, a step being
     the row's largest change / 127 (the mean's no larger than the edges')."""
-    settings = TrainSettings(env=EnvSettings(num_envs=1), schedule=ScheduleSettings(edges=2, encoder_sync="avg"))
+    settings = TrainSettings(env=EnvSettings(num_envs=1),
+                             schedule=ScheduleSettings(edges=2, encoder_sync=f"avg:sync={mode}"))
     spec = inspect_env(settings.env)
     edges = [Edge(settings, spec, edge=k) for k in range(2)]
     learner = Learner(settings.fleet_view(), spec)
@@ -154,7 +155,7 @@ def test_averaging_brings_every_edge_to_the_mean_of_their_encoders(mode):
         wanted = {name: (params[0][name].detach() + params[1][name].detach()) / 2 for name in agreed}
         step = {name: max(float((p[name].detach() - agreed[name]).abs().max()) for p in params) / 127 for name in agreed}
         changes = [Message("encoder_avg", {}, edge.encoder_change(mode)) for edge in edges]
-        mean = Message("encoder_avg", {}, learner.average_encoders(changes, mode))
+        mean = Message("encoder_avg", {}, learner.encoder_sum.mean([learner.encoder_sum.take(m) for m in changes]))
         for edge in edges:
             edge.take_average(mean)
         params = [dict(e.net.named_parameters()) for e in edges]

@@ -177,12 +177,28 @@ def test_an_encoder_state_must_carry_the_encoder_and_its_moments_once_it_stepped
     _turned_away(door, dataclasses.replace(fresh, header={**fresh.header, "global_step": -1}), "'global_step'")
 
 
-def test_iter_end_and_close_carry_no_tensors_and_iter_end_says_true_or_false():
-    _, door = _fleet()
-    end = _received("iter_end", None, {"iteration": 1, "checkpoint": True, "eval": False})
+@pytest.mark.parametrize("sync", ["grad", "avg"])
+def test_iter_end_and_close_carry_no_tensors_and_iter_end_says_true_or_false_with_the_encoders_digests(sync):
+    """``iter_end``'s ``encoder``: a digest of each weight (and, with ``grad``, of each of Adam's moments), 32 hex
+    digits each, as the edge makes them once it has stepped."""
+    edge, door = _fleet(sync=sync)
+    sum(p.square().sum() for p in edge.net.parameters()).backward()
+    edge.optimizer_step()
+    digests = edge.fleet.digests(moments=sync == "grad")
+    assert any(name.startswith("exp_avg.") for name in digests) == (sync == "grad")
+    assert all(name.startswith(("net.", "exp_avg.", "exp_avg_sq.")) for name in digests)
+    end = _received("iter_end", None, {"iteration": 1, "checkpoint": True, "eval": False, "encoder": digests})
     door.check(end)
     door.check(_received("close"))
     _turned_away(door, _with(end, features=torch.zeros(2, 3)), "iter_end: unexpected tensor 'features' (expected none)")
     _turned_away(door, _received("close", {"x": torch.zeros(1)}), "close: unexpected tensor 'x'")
     _turned_away(door, dataclasses.replace(end, header={**end.header, "eval": "yes"}), "header 'eval': expected true")
     _turned_away(door, _received("action", {"action": torch.zeros(2)}), "not a message an edge of a fleet sends")
+    name = next(iter(digests))
+    for bad in ({**digests, name: digests[name][:-1]}, {**digests, name: digests[name].upper()},
+                {**digests, name: 7}):
+        _turned_away(door, dataclasses.replace(end, header={**end.header, "encoder": bad}),
+                     f"header 'encoder': {name!r}: expected 32 hex digits")
+    for bad in ({k: v for k, v in digests.items() if k != name}, {**digests, "net.x": digests[name]}, None):
+        _turned_away(door, dataclasses.replace(end, header={**end.header, "encoder": bad}),
+                     f"header 'encoder': expected a digest of each of {len(digests)} tensors")
