@@ -133,5 +133,5 @@ def test_a_resumed_run_fits_on_as_it_would_have(tmp_path, caplog):
     assert not torch.equal(net[name], start[-1].weight)
     assert (net[name] - fitted).abs().max() < 0.05 * fitted.abs().max()
     # And the checkpoints play: `splitrl eval` builds both stages' networks, decoder and all, from them.
-    splitrl_here("eval", str(tmp_path / "straight"), "--episodes", "1", "--threads", "1")
-    assert (tmp_path / "straight" / "eval.jsonl").read_text().count("\n") == 1
+    splitrl_here("eval", str(tmp_path / "straight"), "--episodes", "1", "--threads", "1", "--record")
+    assert (tmp_path / "straight" / "eval.jsonl").read_text().count("\n") == 2  # greedy and sampled
