@@ -119,6 +119,8 @@ def test_the_plain_sum_is_the_edges_sum_in_order_and_a_robust_one_keeps_one_edge
     two = honest[:2]
     for how in ("trimmed", "median"):  # two edges: nothing to trim, the median is the mean: the sum, exactly
         assert all(torch.equal(combine(two, like, how)[n], combine(two, like)[n]) for n in like)
+        tiny = [{"w": torch.tensor([1e-45])}, {"w": torch.tensor([0.0])}]  # float32's least subnormal: its half is 0
+        assert float(combine(tiny, {"w": torch.zeros(1)}, how)["w"]) > 0
     hostile = {name: torch.full_like(t, 1e6) for name, t in like.items()}
     for how in ("trimmed", "median"):
         robust = combine(honest[:3] + [hostile], like, how)
