@@ -79,7 +79,10 @@ def test_training_features_beyond_the_limit_and_a_loss_that_is_not_finite_are_re
     seen = torch.full((len(idx), learner.feature_dim), float("nan"))  # (the wire and the check refuse this first)
     with pytest.raises(ProtocolError, match="train_fwd: tensor 'features': the PPO loss of these 4 samples is nan"):
         exchange.learn(fwd, idx, seen=seen)
+    with pytest.raises(ProtocolError, match="the PPO loss of these 4 samples is nan"):  # a fleet edge's share
+        exchange.learn(fwd, idx, idx, seen=seen)
     assert all(p.grad is None for p in learner.params)  # refused before any gradient
+    assert not learner.update._parts and not learner.stats.get("losses/value_loss")  # and before any statistic
 
 
 def test_a_heads_gradient_that_is_not_finite_is_an_error_not_a_silent_step():
