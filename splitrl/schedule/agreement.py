@@ -4,14 +4,15 @@ the fleet's, and a relayed ``encoder_state`` checked against it before a new edg
 Every edge's ``iter_end`` carries a digest of each tensor of its encoder that the fleet's edges hold alike
 (`splitrl.stages.digest`; the door checks their names and form). `fleet_digests` takes the digests most of the
 edges report as the fleet's and drops each edge that reports others, naming it and the first tensor that
-differs: its encoder diverged (it stepped with other gradients, or joined with another encoder). When no one
-encoder has more edges than every other (two edges that disagree), stage1 cannot tell which is the fleet's:
-the run ends with an error naming them. A joining edge starts from a running edge's ``encoder_state``
-(`splitrl.schedule.roster.Roster.welcome`); `StateCheck` holds it against the fleet's digests of that iteration
-tensor by tensor, what is each edge's own and so not digested against the limits (Adam's moments with
-``--encoder-sync avg``: ``--edge-grad-limit``; buffers, such as a batch norm's statistics:
-``--edge-feature-limit``), and the fleet's env-step count against stage1's, so that a sharing edge cannot hand
-a new one another encoder, or one that gets it dropped and blamed.
+differs: its encoder diverged (it stepped with other gradients, or joined with another encoder, or, with
+``--encoder-sync grad``, it computes on another kind of device, torch build or thread count, which can round
+its optimizer step otherwise: `ALIKE`). When no one encoder has more edges than every other (two edges that
+disagree), stage1 cannot tell which is the fleet's: the run ends with an error naming them. A joining edge
+starts from a running edge's ``encoder_state`` (`splitrl.schedule.roster.Roster.welcome`); `StateCheck` holds
+it against the fleet's digests of that iteration tensor by tensor, what is each edge's own and so not
+digested against the limits (Adam's moments with ``--encoder-sync avg``: ``--edge-grad-limit``; buffers, such
+as a batch norm's statistics: ``--edge-feature-limit``), and the fleet's env-step count against stage1's, so
+that a sharing edge cannot hand a new one another encoder, or one that gets it dropped and blamed.
 
 Several learners: each checks its own edges (the learners' heads are compared after each iteration; their
 edges' encoders are not compared across learners).
@@ -27,7 +28,14 @@ from ..transport import Message, ProtocolError
 from ..transport.errors import peer_repr
 from .roster import Roster
 
-__all__ = ["fleet_digests", "StateCheck"]
+__all__ = ["fleet_digests", "StateCheck", "ALIKE"]
+
+ALIKE = ("with --encoder-sync grad honest edges agree bit for bit only where they compute alike: the same kind of "
+         "device, torch build and --threads; avg does not need it")
+"""Why two honest edges can report different encoders: each steps its own optimizer, and another device,
+build or thread count can round its gradient clipping and Adam step in other last bits. ``avg`` edges take
+the agreed weights from the view, which every edge computes in host memory with the same elementwise
+operations."""
 
 
 def _first_difference(mine: dict[str, str], fleet: dict[str, str]) -> str:
@@ -56,7 +64,7 @@ def fleet_digests(roster: Roster, ends: Sequence[tuple[int, Message]], iteration
         raise ProtocolError(f"iter_end: header 'encoder': the edges hold different encoders after iteration "
                             f"{iteration}, none of them on more edges than the others; tensor {name!r}: " +
                             "; ".join(f"{_edges(roster, camp)}: {str(reports[camp[0]].get(name))[:12]}.."
-                                      for camp in ranked))
+                                      for camp in ranked) + f" ({ALIKE})")
     for camp in ranked[1:]:
         for g in camp:
             name = _first_difference(reports[g], fleet)

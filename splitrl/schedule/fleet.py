@@ -242,7 +242,7 @@ def _sync_encoders(encoder: EncoderSum, roster: Roster, busy: PhaseClock, sync: 
     --edge-grad-limit, clipped: `EncoderSum.take`; an edge whose one fails is dropped); their sum, or mean, to
     each edge, with ``said``."""
     kind, taken = f"encoder_{sync}", []
-    for g, msg in roster.gather(f"encoder_{sync}", epoch=said["epoch"], mb=said["mb"]):
+    for g, msg in roster.gather(kind, epoch=said["epoch"], mb=said["mb"]):
         with busy("heads"):
             part = roster.judge(g, lambda: encoder.take(msg))
         if part is not None:

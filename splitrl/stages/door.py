@@ -164,7 +164,7 @@ class Door:
                                     f"{peer_repr(msg.header.get(key))}")
         digests = msg.header.get("encoder")
         if not isinstance(digests, dict) or set(digests) != self.digested:
-            got = sorted(digests) if isinstance(digests, dict) else digests
+            got = sorted(digests, key=repr) if isinstance(digests, dict) else digests  # (keys: str or bytes)
             raise ProtocolError(f"{msg.kind}: header 'encoder': expected a digest of each of {len(self.digested)} "
                                 f"tensors {sorted(self.digested)[:3]}..., got {peer_repr(got)}")
         for name, digest in digests.items():

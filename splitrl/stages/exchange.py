@@ -21,7 +21,6 @@ satisfy; so neither half depends on the stage classes.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -155,7 +154,8 @@ class LearnerExchange:
         """Back-propagate the loss of samples ``idx`` into the heads; ``train_bwd``'s contents.
 
         ``minibatch``: the whole minibatch when ``idx`` is one micro-batch of it (see `Learner.loss`); ``seen``:
-        what `features` decoded of ``msg`` already. A loss that is not finite is a `ProtocolError`."""
+        what `features` decoded of ``msg`` already. A loss that is not finite is an error (`PPOUpdate.loss`), with
+        ``--exchange features`` a `ProtocolError` naming the features."""
         raise NotImplementedError
 
     def features(self, msg: Message, idx: torch.Tensor) -> torch.Tensor:
@@ -210,10 +210,10 @@ class FeaturesLearner(LearnerExchange):
         step = learner.train_step
         seen = self._features(msg, idx, step) if seen is None else seen
         x = seen.detach().requires_grad_()
-        loss = learner.loss(idx, *learner.heads.outputs(x), minibatch)
-        value = float(loss.detach())  # (its statistics were read back already: no extra wait on a device)
-        if not math.isfinite(value):
-            raise ProtocolError(f"{msg.kind}: tensor 'features': the PPO loss of these {len(idx)} samples is {value}")
+        try:
+            loss = learner.loss(idx, *learner.heads.outputs(x), minibatch)
+        except FloatingPointError as exc:  # a loss that is not finite, refused before any statistic or gradient
+            raise ProtocolError(f"{msg.kind}: tensor 'features': {exc}") from None
         loss.backward()
         tensors, header = {}, {}
         mask = relu_mask(learner.settings, seen)

@@ -6,7 +6,8 @@ mean and median, Yin et al. 2018) each coordinate takes, over the N edges there,
 largest and its smallest value, or the median (of an even N, the mean of the two middle values), times N so
 that the result is on the scale of the sum the learning rates were chosen for. One of N >= 3 edges then
 moves a coordinate no further than the honest edges' values reach; with N = 2 there is nothing to trim and
-the median is the mean, so both give the plain sum (exactly: halving and doubling are exact in floats).
+the median is the mean, so both are the plain sum, and the plain sum is what is computed (the mean times 2
+would lose the last bit of a subnormal sum).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ __all__ = ["combine"]
 
 
 def _robust(stacked: torch.Tensor, how: str) -> torch.Tensor:
-    """``how`` of the N rows of ``stacked`` (N edges' values of one tensor), coordinate by coordinate, times N."""
+    """``how`` of the N >= 3 rows of ``stacked`` (N edges' values of one tensor), coordinate by coordinate, times
+    N."""
     n = len(stacked)
     ordered = stacked.sort(dim=0).values
     if how == "trimmed":
-        kept = ordered[1:-1] if n >= 3 else ordered
-        return kept.mean(dim=0) * n
+        return ordered[1:-1].mean(dim=0) * n
     middle = ordered[(n - 1) // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
     return middle * n
 
@@ -38,7 +39,7 @@ def combine(parts: list[dict[str, torch.Tensor]], like: dict[str, torch.Tensor],
         raise ValueError(f"a fleet's sum is one of {', '.join(ROBUST_SUMS)}, got {how!r}")
     if not parts:
         return {}
-    if how == "off" or len(parts) == 1:
+    if how == "off" or len(parts) <= 2:  # (two edges: nothing to trim, and their median is their mean)
         total: dict[str, torch.Tensor] = {}
         for part in parts:
             for name in like:

@@ -82,6 +82,9 @@ class PPOUpdate:
             clip_coef=ppo.clip_coef, vf_coef=ppo.vf_coef, ent_coef=ppo.ent_coef,
             clip_vloss=ppo.clip_vloss, norm_adv=False,
         )
+        total = float(loss.detach())  # (its statistics were read back already: no extra wait on a device)
+        if not math.isfinite(total):  # refused before its statistics join the minibatch's
+            raise FloatingPointError(f"the PPO loss of these {len(idx)} samples is {total}")
         if minibatch is None:
             for key, v in stats.items():
                 self.stats[key].append(v)

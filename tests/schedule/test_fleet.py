@@ -7,6 +7,7 @@ test_fleet_roster.py, the stages' own fleet parts and the fleet's settings test_
 import itertools
 import json
 import shutil
+import time
 
 import pytest
 import torch
@@ -25,6 +26,15 @@ LINK = ["--timeout", "60", "--start-timeout", "60", "--heartbeat", "2"]
 
 def _rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _first_row(proc, metrics, timeout, *watched):
+    """Wait until ``proc`` (a stage0) has written its first metrics row to ``metrics``: its first iteration is over.
+    Fails if it exits first or after ``timeout`` seconds, showing its output and that of ``watched``."""
+    deadline = time.monotonic() + timeout
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        assert time.monotonic() < deadline and proc.popen.poll() is None, "".join(p.output() for p in (proc, *watched))
+        time.sleep(0.05)
 
 
 def _close(a, b, rtol=1e-4, atol=1e-12):

@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from splitrl.launch import free_port
 from splitrl.runs import load_checkpoint
 
 from ..conftest import ROOT, Proc, child_env
-from .test_fleet import LINK, _rows
+from .test_fleet import LINK, _first_row, _rows
 from .test_fleet_roster import SMALL_FLEET
 
 
@@ -60,10 +59,10 @@ WHY = {"rewards": r"edge 1: step: tensor 'reward': a value of 1e\+30, beyond --e
 def test_an_edge_that_sends_huge_values_is_dropped_and_the_honest_edge_learns_on(tmp_path, spawn, hostile, attack,
                                                                                   min_edges):
     """Edge 1 sends rewards of 1e30 (from its second step), or encoder gradients of 3e38: finite, so the wire lets
-    them through; before, they made the value loss infinite (or the encoder's sum), the clipping zeroed every
-    update and every process exited 0 having learnt nothing. Now stage1 drops edge 1 at the first such message,
-    naming it and the tensor; with --min-edges 1 edge 0 trains both iterations to the end, its encoder and the
-    heads moving in the last, all exiting 0; without, the run ends with the error."""
+    them through, and unchecked they would make the value loss infinite (or the encoder's sum), so that the
+    clipping zeroed every update and every process exited 0 having learnt nothing. Stage1 drops edge 1 at the
+    first such message, naming it and the tensor; with --min-edges 1 edge 0 trains both iterations to the end,
+    its encoder and the heads moving in the last, all exiting 0; without, the run ends with the error."""
     port = free_port(count=4)
     args = [*SMALL_FLEET.to_argv(), "--threads", "1", "--checkpoint-every", "1", *LINK]
     s1 = spawn("stage1", "--bind", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / "fleet"),
@@ -100,10 +99,10 @@ CRAFTED = r"edge 0: encoder_state: tensor 'net\.[\w.]+': not the fleet's encoder
 def test_an_edge_that_shares_a_crafted_encoder_is_dropped_and_the_joiner_gets_the_fleets(tmp_path, spawn, hostile,
                                                                                         attack):
     """Three places, --min-edges 1: the hostile edge 0 trains honestly but gives a joining edge its encoder
-    negated, or at 1e30 (before: the joiner trained on another encoder unnoticed, or was dropped and blamed). Edge
-    2 comes once the fleet of edges 0 and 1 has trained an iteration; stage1 asks edges 0 and 1 for their encoder,
-    finds edge 0's is not the one the edges reported, drops it, naming the tensor, and hands edge 1's over. Edges
-    1 and 2 train to the end with one encoder, which moved."""
+    negated, or at 1e30 (unchecked, the joiner would train on another encoder unnoticed, or be dropped and
+    blamed). Edge 2 comes once the fleet of edges 0 and 1 has trained an iteration; stage1 asks edges 0 and 1
+    for their encoder, finds edge 0's is not the one the edges reported, drops it, naming the tensor, and hands
+    edge 1's over. Edges 1 and 2 train to the end with one encoder, which moved."""
     port = free_port(count=6)
     iterations = 20  # (edge 2 joins at whichever iteration's end it comes by)
     fleet = ["--edges", "3", "--num-envs", "1", "--total-steps", str(32 * 3 * iterations), "--num-steps", "32",
@@ -119,10 +118,7 @@ def test_an_edge_that_shares_a_crafted_encoder_is_dropped_and_the_joiner_gets_th
     s1.wait_for("edge 1 of 3 connected", timeout=60)
     assert "edge 1 of 3 connected (joins" not in s1.output(), s1.output()
     metrics = tmp_path / "edge1" / "metrics.jsonl"
-    deadline = time.monotonic() + 180
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):  # the fleet of two has begun
-        assert time.monotonic() < deadline and edge1.popen.poll() is None, edge1.output() + s1.output()
-        time.sleep(0.05)
+    _first_row(edge1, metrics, 180, s1)  # the fleet of two has begun
     edge2 = spawn("stage0", "--connect", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / "edge2"),
                   "--edge-id", "2", *fleet)
     outs = [edge1.finish(timeout=240), edge2.finish(timeout=120), s1.finish(timeout=60)]
@@ -154,11 +150,7 @@ def test_the_only_edge_that_could_share_its_encoder_lies_and_the_run_ends_naming
                   "--edge-id", "0", *args)
     edge1 = spawn("stage0", "--connect", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / "edge1"),
                   "--edge-id", "1", *args)
-    metrics = tmp_path / "edge1" / "metrics.jsonl"
-    deadline = time.monotonic() + 180
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
-        assert time.monotonic() < deadline and edge1.popen.poll() is None, edge1.output() + s1.output()
-        time.sleep(0.05)
+    _first_row(edge1, tmp_path / "edge1" / "metrics.jsonl", 180, s1)
     edge1.popen.send_signal(signal.SIGKILL)
     s1.wait_for("edge 1 dropped", timeout=60)
     again = spawn("stage0", "--connect", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / "again"),

@@ -15,7 +15,7 @@ from splitrl.settings import EnvSettings, PPOSettings, RunOptions, ScheduleSetti
 from splitrl.stages import Learner
 from splitrl.transport import Message, PeerAbort
 
-from .test_fleet import LINK, _rows
+from .test_fleet import LINK, _first_row, _rows
 from .test_schedules import TWO_ENVS
 
 
@@ -236,7 +236,6 @@ def test_an_edge_that_dies_is_dropped_and_the_fleet_trains_on_above_min_edges(tm
     metrics) and trains on with edge 0 to the end, in lock step or acting as the edges come; with the
     default (every edge) the loss ends the run."""
     import signal
-    import time
 
     port = free_port(count=4)
     iterations = 4  # the drop comes in iteration 2: two more train with one edge
@@ -246,11 +245,7 @@ def test_an_edge_that_dies_is_dropped_and_the_fleet_trains_on_above_min_edges(tm
                "--act-wait", act_wait, *args)
     edges = [spawn("stage0", "--connect", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / f"edge{k}"),
                    "--edges", "2", "--edge-id", str(k), *args) for k in range(2)]
-    metrics = tmp_path / "edge1" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
-        assert time.monotonic() < deadline and edges[1].popen.poll() is None, edges[1].output()
-        time.sleep(0.05)
+    _first_row(edges[1], tmp_path / "edge1" / "metrics.jsonl", 120)
     edges[1].popen.send_signal(signal.SIGKILL)
     code0, out0 = edges[0].finish(timeout=120)
     code1, out1 = s1.finish(timeout=60)
@@ -273,7 +268,6 @@ def test_an_edge_that_dies_and_comes_back_rejoins_with_the_fleets_encoder(tmp_pa
     iteration's end, where stage1 waits; a new stage0 takes edge 1's place, joins with edge 0's encoder and
     optimizer, and the two end the run with one encoder."""
     import signal
-    import time
 
     port = free_port(count=4)
     iterations = 5
@@ -282,11 +276,7 @@ def test_an_edge_that_dies_and_comes_back_rejoins_with_the_fleets_encoder(tmp_pa
                "--min-edges", "2", "--rejoin", "60")
     edge0, edge1 = (spawn("stage0", "--connect", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / f"edge{k}"),
                           *args, "--edge-id", str(k)) for k in range(2))
-    metrics = tmp_path / "edge1" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
-        assert time.monotonic() < deadline and edge1.popen.poll() is None, edge1.output()
-        time.sleep(0.05)
+    _first_row(edge1, tmp_path / "edge1" / "metrics.jsonl", 120)
     edge1.popen.send_signal(signal.SIGKILL)
     s1.wait_for("edge 1 dropped", timeout=60)
     again = spawn("stage0", "--connect", f"tcp://127.0.0.1:{port}", "--run-dir", str(tmp_path / "again"), *args)

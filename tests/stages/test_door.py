@@ -199,6 +199,7 @@ def test_iter_end_and_close_carry_no_tensors_and_iter_end_says_true_or_false_wit
                 {**digests, name: 7}):
         _turned_away(door, dataclasses.replace(end, header={**end.header, "encoder": bad}),
                      f"header 'encoder': {name!r}: expected 32 hex digits")
-    for bad in ({k: v for k, v in digests.items() if k != name}, {**digests, "net.x": digests[name]}, None):
+    for bad in ({k: v for k, v in digests.items() if k != name}, {**digests, "net.x": digests[name]}, None,
+                {**digests, b"net.x": digests[name]}):  # (a bytes key beside str ones: named, not a TypeError)
         _turned_away(door, dataclasses.replace(end, header={**end.header, "encoder": bad}),
                      f"header 'encoder': expected a digest of each of {len(digests)} tensors")

@@ -79,7 +79,10 @@ def test_training_features_beyond_the_limit_and_a_loss_that_is_not_finite_are_re
     seen = torch.full((len(idx), learner.feature_dim), float("nan"))  # (the wire and the check refuse this first)
     with pytest.raises(ProtocolError, match="train_fwd: tensor 'features': the PPO loss of these 4 samples is nan"):
         exchange.learn(fwd, idx, seen=seen)
+    with pytest.raises(ProtocolError, match="the PPO loss of these 4 samples is nan"):  # a fleet edge's share
+        exchange.learn(fwd, idx, idx, seen=seen)
     assert all(p.grad is None for p in learner.params)  # refused before any gradient
+    assert not learner.update._parts and not learner.stats.get("losses/value_loss")  # and before any statistic
 
 
 def test_a_heads_gradient_that_is_not_finite_is_an_error_not_a_silent_step():
@@ -119,6 +122,8 @@ def test_the_plain_sum_is_the_edges_sum_in_order_and_a_robust_one_keeps_one_edge
     two = honest[:2]
     for how in ("trimmed", "median"):  # two edges: nothing to trim, the median is the mean: the sum, exactly
         assert all(torch.equal(combine(two, like, how)[n], combine(two, like)[n]) for n in like)
+        tiny = [{"w": torch.tensor([1e-45])}, {"w": torch.tensor([0.0])}]  # float32's least subnormal: its half is 0
+        assert float(combine(tiny, {"w": torch.zeros(1)}, how)["w"]) > 0
     hostile = {name: torch.full_like(t, 1e6) for name, t in like.items()}
     for how in ("trimmed", "median"):
         robust = combine(honest[:3] + [hostile], like, how)
