@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..envs import DICT, EnvSpec, batch, make_single_env
+from ..envs import DICT, EnvSpec
 from ..errors import SettingsError
 from ..models.greedy import DEFAULT_GREEDY, GreedyPolicy
 from ..models.layers import ImageStep
@@ -170,21 +170,15 @@ def record_rows(settings: TrainSettings, spec: EnvSpec, act: Callable[[np.ndarra
                 seed: int) -> np.ndarray:
     """``steps`` observation rows (`EnvSpec.rows`) met while ``act`` (rows (1, ...) to env actions (1, ...))
     plays episodes from ``seed`` on; a new episode (seed + 1, ...) begins where one ends."""
-    env = make_single_env(settings.env)
-    stacked = settings.env.image_pipeline[1] > 1
-    rows = []
-    try:
-        obs, _ = env.reset(seed=seed)
-        episode = 0
-        while len(rows) < steps:
-            row = spec.rows(batch([obs]), stacked)
-            rows.append(row[0])
-            obs, _, terminated, truncated, _ = env.step(act(row)[0])
-            if terminated or truncated:
-                episode += 1
-                obs, _ = env.reset(seed=seed + episode)
-    finally:
-        env.close()
+    from ..stages.evaluate import play
+
+    rows: list[np.ndarray] = []
+
+    def recording(row: np.ndarray) -> np.ndarray:
+        rows.append(row[0])
+        return act(row)
+
+    play(settings, spec, recording, episodes=steps, seed=seed, total_steps=steps)  # an episode is a step or more
     return np.stack(rows)
 
 

@@ -95,10 +95,12 @@ def evaluate(settings: TrainSettings, encoder: nn.Module, heads: ActorCriticHead
 
 def play(settings: TrainSettings, spec: EnvSpec, act: Callable[[np.ndarray], np.ndarray], *, episodes: int,
          seed: int, video_dir: str | Path | None = None, max_steps: int | None = None,
-         video_episodes: int | None = None, video_prefix: str | None = None) -> EvalResult:
+         video_episodes: int | None = None, video_prefix: str | None = None,
+         total_steps: int | None = None) -> EvalResult:
     """``episodes`` whole episodes, episode k from ``seed + k``, with ``act`` (observation rows (1, ...), as
-    `EnvSpec.rows` gives them, to env actions (1, ...)) choosing every action: `evaluate`'s loop, and that of
-    an exported policy (`splitrl.export`)."""
+    `EnvSpec.rows` gives them, to env actions (1, ...)) choosing every action: `evaluate`'s loop, that of an
+    exported policy, and the one that records observations for an export's check (`splitrl.export`).
+    ``total_steps``: stop once this many steps are taken in all, the episode then going on left out."""
     if episodes < 1:
         raise SettingsError(f"--episodes must be >= 1, got {episodes}")
     env = make_single_env(settings.env, render_mode="rgb_array" if video_dir else None)
@@ -110,16 +112,19 @@ def play(settings: TrainSettings, spec: EnvSpec, act: Callable[[np.ndarray], np.
             env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda k: k < filmed,
                                            name_prefix=video_prefix or f"eval-seed{seed}", disable_logger=True)
     stacked = settings.env.image_pipeline[1] > 1
-    returns, lengths = [], []
+    returns, lengths, taken = [], [], 0
     try:
         for k in range(episodes):
             obs, _ = env.reset(seed=seed + k)
             total, steps, done = 0.0, 0, False
             while not done:
+                if total_steps is not None and taken >= total_steps:
+                    return EvalResult(returns, lengths)
                 action = act(spec.rows(batch([obs]), stacked))[0]
                 obs, reward, terminated, truncated, _ = env.step(action)
                 total += float(reward)
                 steps += 1
+                taken += 1
                 done = terminated or truncated or (max_steps is not None and steps >= max_steps)
             returns.append(total)
             lengths.append(steps)

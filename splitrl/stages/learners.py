@@ -41,6 +41,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from ..errors import SettingsError
+from .digest import digests
 
 __all__ = ["Learners", "edge_range"]
 
@@ -177,11 +178,7 @@ class Learners:
         summed steps should never let happen) stop, rather than train on as different learners."""
         if self.alone:
             return
-        digest = hashlib.sha256()
-        for name, t in module.state_dict().items():
-            digest.update(name.encode())
-            digest.update(t.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
-        self.agree(digest.hexdigest(), what)
+        self.agree(digests(module.state_dict().items()), what)
 
     def newest_common(self, held: Iterable[int]) -> int:
         """The newest iteration (>= 1) that every learner has in ``held``; 0 if none."""
