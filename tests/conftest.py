@@ -22,7 +22,7 @@ if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
 # Tiny but complete: two iterations, truncations every 20 steps (bootstrapping is exercised).
 TINY = [
     "--total-steps", "64", "--num-steps", "32", "--epochs", "2", "--minibatches", "2",
-    "--max-episode-steps", "20", "--threads", "1", "--checkpoint-every", "1",
+    "--max-episode-steps", "20", "--threads", "1", "--checkpoint-every", "1", "--hidden", "32",
 ]
 
 

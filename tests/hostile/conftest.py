@@ -7,7 +7,7 @@ from splitrl.settings import EnvSettings, PPOSettings, TrainSettings
 
 from .peer import RawPeer
 
-SETTINGS = TrainSettings(total_steps=64, env=EnvSettings(max_episode_steps=20),
+SETTINGS = TrainSettings(total_steps=64, hidden=32, env=EnvSettings(max_episode_steps=20),
                          ppo=PPOSettings(num_steps=32, epochs=2, minibatches=2)).for_observation("image")
 """The real stage runs with ``SETTINGS.to_argv()``; the raw peer says ``SETTINGS.shared()`` in its hello: the
 settings as CarRacing's stages run them (``--model auto`` resolved), which is what a real stage says."""

@@ -194,7 +194,7 @@ def test_ctrl_c_stops_both_stages_and_removes_the_lab(tmp_path, no_leftovers):
     run_dir = tmp_path / "run"
     log_path = tmp_path / "lab.log"
     args = ["lab", "--measure", "0", "--run-dir", str(run_dir), "--total-steps", "100000", "--num-steps", "32",
-            "--epochs", "2", "--minibatches", "2", "--max-episode-steps", "20", "--threads", "1"]
+            "--epochs", "2", "--minibatches", "2", "--max-episode-steps", "20", "--threads", "1", "--hidden", "32"]
     with open(log_path, "w") as out:
         proc = subprocess.Popen([sys.executable, "-c", DRIVER, *args], env=child_env(), stdout=out, stderr=subprocess.STDOUT)
     try:

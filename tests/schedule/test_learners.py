@@ -97,7 +97,7 @@ def test_a_learner_that_dies_stops_the_other_learners_and_every_edge(tmp_path):
     cmd = [sys.executable, "-m", "splitrl", "run", "--run-dir", str(run), "--learners", "2", "--edges", "2",
            "--num-envs", "1", "--total-steps", "6400", "--num-steps", "32", "--epochs", "2", "--minibatches", "2",
            "--max-episode-steps", "20", "--threads", "1", "--timeout", "20", "--start-timeout", "60",
-           "--heartbeat", "2"]
+           "--heartbeat", "2", "--hidden", "32"]
     proc = subprocess.Popen(cmd, env={**child_env(), "SPLITRL_TEST_ROOT": str(tag)}, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -17,7 +17,7 @@ from ..conftest import TINY, train_in_process
 
 # Two envs, two iterations of 32 steps each, minibatches of 32 samples.
 TWO_ENVS = ["--num-envs", "2", "--total-steps", "128", "--num-steps", "32", "--epochs", "2", "--minibatches", "2",
-            "--max-episode-steps", "20", "--threads", "1", "--checkpoint-every", "1"]
+            "--max-episode-steps", "20", "--threads", "1", "--checkpoint-every", "1", "--hidden", "32"]
 VOLATILE = ("time/", "cpu/", "link/")
 
 
@@ -223,7 +223,7 @@ def test_a_rescore_goes_through_the_fwd_codec_a_link_budget_chose(tmp_path):
     at a rollout's start from the newest record; rollout 4 starts after iteration 2 trained, so after record 1
     (rollout 3 may start before record 1 is written: four iterations, not three)."""
     args = ["--num-envs", "2", "--num-steps", "16", "--total-steps", "128", "--epochs", "2", "--minibatches", "2",
-            "--max-episode-steps", "20", "--threads", "1", "--async", "--rescore", "--codec-fwd", "bf16",
+            "--max-episode-steps", "20", "--threads", "1", "--hidden", "32", "--async", "--rescore", "--codec-fwd", "bf16",
             "--link-budget", "1kbit"]
     _twin(tmp_path / "twin", *args)
     rows = [json.loads(line) for line in (tmp_path / "twin" / "metrics.jsonl").read_text().splitlines()]

@@ -88,7 +88,7 @@ def test_a_settings_mismatch_stops_stage0_and_stage1_waits_on_both_naming_the_se
 def test_peer_dying_mid_run_makes_the_other_side_exit_nonzero(tmp_path, spawn, victim, mode):
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
     args = ["--run-dir", str(tmp_path), "--timeout", "3", "--start-timeout", "60",
-            "--total-steps", "4096", "--num-steps", "2048", "--threads", "1", *MODES[mode]]
+            "--total-steps", "4096", "--num-steps", "2048", "--threads", "1", "--hidden", "32", *MODES[mode]]
     procs = {
         "stage1": spawn("stage1", "--bind", endpoint, *args),
         "stage0": spawn("stage0", "--connect", endpoint, *args),

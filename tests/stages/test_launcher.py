@@ -33,7 +33,7 @@ def test_interrupting_the_launcher_stops_both_stages(tmp_path, spawn, mode, sig)
     from .test_failures import MODES
 
     run_dir = tmp_path / "run"
-    proc = spawn("run", "--run-dir", str(run_dir), "--total-steps", "491520", "--num-steps", "4096", "--threads", "1",
+    proc = spawn("run", "--run-dir", str(run_dir), "--total-steps", "491520", "--num-steps", "4096", "--threads", "1", "--hidden", "32",
                  *MODES[mode])
     proc.wait_for("stage0 connected", timeout=120)
     time.sleep(1)
@@ -56,7 +56,7 @@ def test_ctrl_c_in_a_terminal_stops_both_stages_once_and_cleanly(tmp_path, mode)
     log = tmp_path / "out.log"
     with open(log, "wb") as out:
         popen = subprocess.Popen(splitrl_cmd("run", "--run-dir", str(run_dir), "--total-steps", "491520",
-                                             "--num-steps", "4096", "--threads", "1", *MODES[mode]),
+                                             "--num-steps", "4096", "--threads", "1", "--hidden", "32", *MODES[mode]),
                                  env=child_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
