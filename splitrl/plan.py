@@ -74,6 +74,9 @@ class Rates:
     per_byte: float = 0.0
     """Seconds per byte the transport itself costs beyond the link's rate (loopback's copies and framing),
     from the calibration run's wait on the link."""
+    per_message: float = 0.0
+    """Seconds per round trip the stages cost beyond the link's round trip (each message's wake-ups, framing
+    and handling), from the calibration run's wait on the link (`overheads`)."""
 
 
 @dataclass(frozen=True)
@@ -269,13 +272,43 @@ def calibrate(run_dir: str | Path, target: "TrainSettings", *, threads: int, byt
     cal_bytes = sum(iteration_bytes(r) for r in used) / len(used)
     # (every byte charged at the rate, the bucket left out: a shaped calibration link's own cost per byte comes out
     # low, or none)
-    round_trips = steps + cal.ppo.epochs * (1 if up_sample == down_sample == 0.0 else cal.ppo.minibatches)
-    beyond = mean("time/link_wait") - round_trips * measured_link.rtt - measured_link.transfer(cal_bytes)
-    per_byte = max(0.0, beyond) / cal_bytes if cal_bytes else 0.0
+    trips_t = cal.ppo.epochs * (1 if up_sample == down_sample == 0.0 else cal.ppo.minibatches)
+    beyond = mean("time/link_wait") - (steps + trips_t) * measured_link.rtt - measured_link.transfer(cal_bytes)
+    per_byte, per_message = (max(0.0, beyond) / cal_bytes if cal_bytes else 0.0), 0.0
+    if all("time/link_wait_rollout" in r for r in used) and _per_kind(used, "train_fwd", "sent"):
+        # The rollout's wait (many small messages) apart from training's (few large ones): two equations
+        bytes_r = _per_kind(used, "step", "sent") + _per_kind(used, "action", "recv")
+        per_step = bytes_r / steps
+        idle = mean("time/env") / steps  # the env's step between two messages fills the bucket they take from
+        wait_r = mean("time/link_wait_rollout")
+        beyond_r = wait_r - steps * (measured_link.rtt + measured_link.transfer(per_step, idle=idle))
+        beyond_t = (mean("time/link_wait") - wait_r - trips_t * measured_link.rtt
+                    - measured_link.transfer(cal_bytes - bytes_r))
+        per_message, per_byte = overheads(beyond_r, steps, bytes_r, beyond_t, trips_t, cal_bytes - bytes_r)
     return Rates(env_step=env_step,
                  act0=level0 * act0, act1=level1 * act1, train0=level0 * train0, train1=level1 * train1,
                  up_step=up_step, down_step=down_step, up_sample=up_sample, down_sample=down_sample,
-                 other=max(0.0, other), per_byte=per_byte)
+                 other=max(0.0, other), per_byte=per_byte, per_message=per_message)
+
+
+def overheads(beyond_r: float, trips_r: float, bytes_r: float, beyond_t: float, trips_t: float,
+              bytes_t: float) -> tuple[float, float]:
+    """(seconds a round trip, seconds a byte) that explain the waits beyond the link, ``beyond_r`` over the
+    rollout's ``trips_r`` round trips of ``bytes_r`` bytes and ``beyond_t`` over training's: two equations in
+    two unknowns, neither negative (where the exact answer has one below 0, the other alone explains both)."""
+    det = trips_r * bytes_t - trips_t * bytes_r
+    if det:
+        per_message = (beyond_r * bytes_t - beyond_t * bytes_r) / det
+        per_byte = (trips_r * beyond_t - trips_t * beyond_r) / det
+        if per_message >= 0.0 and per_byte >= 0.0:
+            return per_message, per_byte
+    total, trips, nbytes = beyond_r + beyond_t, trips_r + trips_t, bytes_r + bytes_t
+    by_message = max(0.0, total) / trips if trips else 0.0
+    by_byte = max(0.0, total) / nbytes if nbytes else 0.0
+    # the one of the two that leaves the smaller error on the phases' waits
+    err_m = abs(beyond_r - by_message * trips_r) + abs(beyond_t - by_message * trips_t)
+    err_b = abs(beyond_r - by_byte * bytes_r) + abs(beyond_t - by_byte * bytes_t)
+    return (by_message, 0.0) if err_m <= err_b else (0.0, by_byte)
 
 
 def typical(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -341,7 +374,8 @@ def predict(settings: "TrainSettings", rates: Rates, link: Link, *, vector: str 
     # a shaper's bucket fills meanwhile, and a step's message that fits it leaves at once.
     in_process = vector == "sync"
     env_group = rates.env_step * (per_group if in_process else max(1.0, per_group / cores))
-    rest = env_group + rates.act0 + rates.act1 + link.rtt
+    rtt = link.rtt + rates.per_message  # a round trip: the link's, and what the stages spend on it
+    rest = env_group + rates.act0 + rates.act1 + rtt
     up = xfer(per_group * rates.up_step, rest + xfer(per_group * rates.down_step, rest))
     down = xfer(per_group * rates.down_step, rest + up)
     cycle = rest + up + down
@@ -361,10 +395,10 @@ def predict(settings: "TrainSettings", rates: Rates, link: Link, *, vector: str 
     # Training, per minibatch; where nothing crosses in training (the cut at the input: stage1 trains alone), no
     # round trip a minibatch either, and one message an epoch.
     if trains_alone(rates):
-        training = updates * (rates.train0 + rates.train1) + settings.ppo.epochs * link.rtt / 2
+        training = updates * (rates.train0 + rates.train1) + settings.ppo.epochs * rtt / 2
     else:
         update = minibatch_seconds(rates.train0, rates.train1, xfer(minibatch * rates.up_sample),
-                                   xfer(minibatch * rates.down_sample), link.rtt, micro)
+                                   xfer(minibatch * rates.down_sample), rtt, micro)
         if link.shared:
             update = max(update, (rates.train0 + rates.train1) / cores)
         training = updates * update

@@ -220,3 +220,56 @@ def test_a_shapers_bucket_lets_a_message_that_fits_it_through_after_an_idle_spel
     assert link.transfer(100_000, idle=1.0) == pytest.approx((100_000 - 32 * 1024 * TCP_GOODPUT) / rate)
     assert link.transfer(100_000) == pytest.approx(100_000 / rate) == Link(rate=10e6).transfer(100_000, idle=1.0)
     assert Link.shaped(0.0) == Link()
+
+
+def test_the_waits_beyond_the_link_split_into_a_cost_a_round_trip_and_a_cost_a_byte():
+    from splitrl.plan import overheads
+
+    # 4096 small round trips (68 kB in all) against 320 large ones (1.3 GB): two equations, two unknowns.
+    trips_r, bytes_r, trips_t, bytes_t = 4096, 68e3, 320, 1.3e9
+
+    def split(pm: float, pb: float) -> tuple[float, float]:
+        return overheads(trips_r * pm + bytes_r * pb, trips_r, bytes_r, trips_t * pm + bytes_t * pb, trips_t, bytes_t)
+
+    assert split(7e-4, 4e-9) == pytest.approx((7e-4, 4e-9))
+    # Waits only a cost a round trip explains: no cost a byte; and the other way round.
+    assert split(5e-4, 0.0) == pytest.approx((5e-4, 0.0))
+    assert split(0.0, 3e-9)[0] == pytest.approx(0.0, abs=1e-12)
+    # Where the exact answer is negative (training waited less than its round trips alone cost), one term explains
+    # both, neither is negative, and no wait at all costs nothing.
+    pm, pb = overheads(3.0, trips_r, bytes_r, 0.01, trips_t, bytes_t)
+    assert pm == pytest.approx(3.01 / (trips_r + trips_t)) and pb == 0.0
+    assert overheads(-1.0, trips_r, bytes_r, -1.0, trips_t, bytes_t) == (0.0, 0.0)
+
+
+def test_calibration_takes_both_costs_from_a_run_that_timed_its_rollouts_wait_apart(tmp_path):
+    """A synchronous run records the rollout's part of its wait on the link (`time/link_wait_rollout`): the
+    calibration gives back the cost a round trip and a byte that made the two waits."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(SYNC_RUN, run_dir)
+    records = read_metrics(run_dir)
+    pm, pb = 6e-4, 2e-9
+    for r in records:
+        rollout = r["net/step/sent_bytes"] + r["net/action/recv_bytes"]
+        training = sum(v for k, v in r.items() if k.startswith("net/") and k.endswith("_bytes")
+                       and not k.startswith(("net/hello/", "net/ping/", "net/pong/"))) - rollout
+        r["time/link_wait_rollout"] = 4096 * pm + rollout * pb
+        r["time/link_wait"] = r["time/link_wait_rollout"] + 320 * pm + training * pb
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = load_run(run_dir)
+    rates = calibrate(run_dir, run.settings, threads=run.threads, timings=FixedTimings())
+    assert rates.per_message == pytest.approx(pm, rel=0.02) and rates.per_byte == pytest.approx(pb, rel=0.02)
+    # Without the rollout's part (runs recorded before it), the whole wait is a cost a byte.
+    for r in records:
+        del r["time/link_wait_rollout"]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    old = calibrate(run_dir, run.settings, threads=run.threads, timings=FixedTimings())
+    assert old.per_message == 0.0 and old.per_byte > pb
+
+
+def test_a_synchronous_run_records_its_rollouts_wait_on_the_link(tmp_path):
+    from .conftest import TINY, train_in_process
+
+    assert train_in_process("--run-dir", str(tmp_path), *TINY).exit_code == 0
+    for r in read_metrics(tmp_path):
+        assert 0.0 <= r["time/link_wait_rollout"] <= r["time/link_wait"]

@@ -54,6 +54,7 @@ def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, sta
             truncate_logs(edge.run_log.dir, join_after)
             edge.run_log.drop_checkpoints_after(STAGE0, join_after)
             log.info("[stage0] its own checkpoints are not used: it joined the fleet after iteration %d", join_after)
+        resumed = None  # the checkpoint this run goes on from
         if resume:
             iteration = resume_point(hello, ours)
             if edge.settings.schedule.edges > 1:
@@ -63,25 +64,27 @@ def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, sta
                     raise ProtocolError(f"resume: stage1 resumes the fleet after iteration {peer_repr(said)}; this "
                                         f"edge has checkpoints of {ours or 'none'}")
                 iteration = said
-            opening = ""
             if iteration:
-                state = load_checkpoint(edge.run_log.dir, STAGE0, iteration)
-                edge.load_state_dict(state)
-                exchange.load_state_dict(state["exchange"])
-                # The run's byte counters go on from the checkpoint's, as if it had not stopped: this session's
-                # opening is left out of them, and (one stage1, which numbers on too) its numbering goes on.
-                aside = sum(v for k, v in link.meter.restore(state["meter"]).items() if k.endswith("_bytes"))
-                opening = f" (this session's opening, {aside} bytes, is not in the run's byte counters)"
-                if "link" in state and edge.settings.schedule.edges == 1:
-                    link.go_on_from(state["link"])
+                resumed = load_checkpoint(edge.run_log.dir, STAGE0, iteration)
+                edge.load_state_dict(resumed)
+                exchange.load_state_dict(resumed["exchange"])
             truncate_logs(edge.run_log.dir, iteration)
             if edge.tuning.budget is not None and iteration:
                 edge.tuning.last_record = edge.tuning.budget.resume(read_metrics(edge.run_log.dir))
-            log.info("[stage0] resuming after iteration %d%s", iteration, opening)
+            log.info("[stage0] resuming after iteration %d", iteration)
+        schedule = build.SCHEDULES[edge.settings.schedule.mode]
+        measured = schedule.stage0_open(edge, link)
+        if resumed is not None:
+            # The run's byte counters go on from the checkpoint's, as if it had not stopped: this session's
+            # opening (the hellos; the overlapping schedules' pings and plan) is left out of them, and (one stage1,
+            # which numbers on too) its numbering goes on.
+            aside = sum(v for k, v in link.meter.restore(resumed["meter"]).items() if k.endswith("_bytes"))
+            log.info("[stage0] this session's opening, %d bytes, is not in the run's byte counters", aside)
+            if "link" in resumed and edge.settings.schedule.edges == 1:
+                link.go_on_from(resumed["link"])
         try:
-            records = build.SCHEDULES[edge.settings.schedule.mode].stage0_loop(edge, exchange, link,
-                                                                               checkpoint_every=checkpoint_every,
-                                                                               evaluation=evaluation)
+            records = schedule.stage0_loop(edge, exchange, link, measured=measured, checkpoint_every=checkpoint_every,
+                                           evaluation=evaluation)
         finally:
             edge.close()
         link.send("close")

@@ -41,16 +41,19 @@ def serve_stage1(learner: Learner, link: Transport, run_log: RunLog | None = Non
         hello = answer_hello(link, STAGE1, STAGE0, shared, timeout=start_timeout,
                              extra={"checkpoints": ours} if resume else None)
         log.info("[stage1] stage0 connected")
+        resumed = None
         if resume:
             iteration = resume_point(hello, ours)
             if iteration:
-                state = load_checkpoint(run_log.dir, STAGE1, iteration)
-                learner.load_state_dict(state)
-                exchange.load_state_dict(state["exchange"])
-                if "link" in state:  # numbering on from the checkpoint, as stage0 does from its own
-                    link.go_on_from(state["link"])
+                resumed = load_checkpoint(run_log.dir, STAGE1, iteration)
+                learner.load_state_dict(resumed)
+                exchange.load_state_dict(resumed["exchange"])
             log.info("[stage1] resuming after iteration %d", iteration)
-        served = build.SCHEDULES[learner.settings.schedule.mode].stage1_loop(learner, exchange, link, run_log)
+        schedule = build.SCHEDULES[learner.settings.schedule.mode]
+        schedule.stage1_open(learner, link)
+        if resumed is not None and "link" in resumed:  # numbering on from the checkpoint, as stage0 does
+            link.go_on_from(resumed["link"])
+        served = schedule.stage1_loop(learner, exchange, link, run_log)
     except PeerGone:
         raise  # nobody to tell; an abort left queued could meet a rejoining stage0 first
     except BaseException as exc:

@@ -53,10 +53,10 @@ from ..transport import ProtocolError, Transport
 from ..transport.errors import peer_repr
 from ..transport.channels import Channels
 from .common import IterationLog, PhaseClock, checkpoint_due, expect, stage0_finish, stage1_finish, torch_thread
-from .pipelined import agree_on_groups, learn_groups, stage0_rollout, stage1_rollout
+from .pipelined import stage0_open, stage0_rollout, stage1_open, stage1_rollout
 from .training import microbatches, stage0_train, stage1_train
 
-__all__ = ["stage0_loop", "stage1_loop", "STAGE0_ROUTES", "STAGE1_ROUTES"]
+__all__ = ["stage0_open", "stage1_open", "stage0_loop", "stage1_loop", "STAGE0_ROUTES", "STAGE1_ROUTES"]
 
 STAGE0_ROUTES = {"action": "rollout", "train_bwd": "train", "heads": "train", "progress": "train", "iter_stats": "train",
                  "eval_heads": "train"}
@@ -202,11 +202,10 @@ def _alongside(name: str, rollout: Callable[[], None], progress: _Progress, chan
             raise RuntimeError(f"the {name} thread did not stop")
 
 
-def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoint_every: int = 10,
-                evaluation: Evaluation | None = None) -> list[dict[str, Any]]:
+def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, measured: dict[str, Any],
+                checkpoint_every: int = 10, evaluation: Evaluation | None = None) -> list[dict[str, Any]]:
     """stage0: the rollout thread collects ahead of training within the staleness bound; returns the records."""
     s = edge.settings
-    measured = agree_on_groups(edge, link)
     edge.open_envs()
     channels = Channels(link, STAGE0_ROUTES)
     rollout_link, train_link = channels["rollout"], channels["train"]
@@ -268,7 +267,6 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
 def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, run_log: RunLog | None = None) -> int:
     """stage1: acts with the version each step names while the previous iteration trains; returns the iterations."""
     s = learner.settings
-    learn_groups(learner, link)
     channels = Channels(link, STAGE1_ROUTES)
     rollout_link, train_link = channels["rollout"], channels["train"]
     acting_seconds: dict[int, float] = {}

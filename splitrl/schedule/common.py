@@ -171,6 +171,8 @@ def stage1_finish(learner: Learner, exchange: LearnerExchange, link: Transport |
                 break
     stats = learner.iteration_stats()
     stats["time/heads"] = busy.seconds["heads"]
+    if "heads_rollout" in busy.seconds:  # the synchronous schedule: the rollout's steps apart
+        stats["time/heads_rollout"] = busy.seconds["heads_rollout"]
     if msgs[0].header.get("checkpoint") and run_log is not None:  # every edge checkpoints on the same iterations
         state = {**learner.state_dict(rollout), "exchange": exchange.state_dict()}
         if isinstance(link, Transport):  # one stage0 on a link of its own: where a resume numbers on, once this
@@ -255,6 +257,9 @@ class IterationLog:
             record["time/pace_wait"] = clock.seconds["pace"]
         # Time inside send/recv is stage1's compute plus the link; the stage1 report splits it.
         record["time/link_wait"] = max(0.0, clock.seconds.get("link", 0.0) - heads)
+        if "link_rollout" in clock.seconds and "time/heads_rollout" in stats:  # the synchronous schedule
+            record["time/link_wait_rollout"] = max(0.0, clock.seconds["link_rollout"]
+                                                   - float(stats["time/heads_rollout"]))
         net_now = self.link.meter.snapshot()
         for key, value in net_now.items():
             record[key] = value - self.bytes_before.get(key, 0)

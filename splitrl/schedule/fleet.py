@@ -54,10 +54,10 @@ from .common import (IterationLog, PhaseClock, checkpoint_due, expect, stage0_af
                      stage1_finish, stops)
 from .agreement import StateCheck, fleet_digests
 from .roster import Roster
-from .sync import stage0_rollout
+from .sync import stage0_open, stage0_rollout
 from .training import Part, Parts, Step, stage0_train
 
-__all__ = ["stage0_loop", "stage1_loop", "SOURCES"]
+__all__ = ["stage0_open", "stage0_loop", "stage1_loop", "SOURCES"]
 
 SOURCES = 2
 """Edges asked for their encoder when edges join (each sends it: the bytes of one more encoder state a join), so
@@ -110,13 +110,13 @@ def _fleet_step(edge: Edge, link: Transport, clock: PhaseClock) -> Step:
     return step
 
 
-def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoint_every: int = 10,
-                evaluation: Evaluation | None = None) -> list[dict[str, Any]]:
+def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, measured: dict[str, Any],
+                checkpoint_every: int = 10, evaluation: Evaluation | None = None) -> list[dict[str, Any]]:
     """Every iteration from one edge's side; returns its metrics records."""
     s = edge.settings
     sync = s.schedule.parsed_encoder_sync()
     edge.open_envs()
-    metrics = IterationLog(edge, link, {"fleet/edge": edge.edge})
+    metrics = IterationLog(edge, link, {**measured, "fleet/edge": edge.edge})
     for iteration in range(edge.train_iteration + 1, s.num_iterations + 1):
         clock = PhaseClock()
         metrics.start()

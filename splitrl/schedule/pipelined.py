@@ -50,7 +50,7 @@ from .common import (IterationLog, PhaseClock, checkpoint_due, expect, stage0_af
                      stage1_finish)
 from .training import microbatches, stage0_train, stage1_train
 
-__all__ = ["stage0_loop", "stage1_loop", "agree_on_groups", "learn_groups", "stage0_rollout", "stage1_rollout",
+__all__ = ["stage0_open", "stage1_open", "stage0_loop", "stage1_loop", "agree_on_groups", "learn_groups", "stage0_rollout", "stage1_rollout",
            "choose_groups", "rollout_lag", "PINGS"]
 
 log = logging.getLogger(__name__)
@@ -217,14 +217,18 @@ def stage1_rollout(learner: Learner, link: Transport, busy: PhaseClock, iteratio
             learner.end_rollout(msg, g)
 
 
+stage0_open, stage1_open = agree_on_groups, learn_groups
+"""Before the first iteration (`splitrl.runner` calls them, before a resumed run's counters go on from its
+checkpoint, so that a resumed session's opening is set aside as its hellos are)."""
+
+
 # -- the loops -----------------------------------------------------------------------------
 
 
-def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoint_every: int = 10,
-                evaluation: Evaluation | None = None) -> list[dict[str, Any]]:
+def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, measured: dict[str, Any],
+                checkpoint_every: int = 10, evaluation: Evaluation | None = None) -> list[dict[str, Any]]:
     """Every iteration from stage0's side, rollout then training, each pipelined; returns the metrics records."""
     s = edge.settings
-    measured = agree_on_groups(edge, link)
     edge.open_envs()
     metrics = IterationLog(edge, link, extra=measured)
     for iteration in range(edge.train_iteration + 1, s.num_iterations + 1):  # from a checkpoint's, if resumed
@@ -243,7 +247,6 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoi
 def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, run_log: RunLog | None = None) -> int:
     """Every iteration from stage1's side, until stage0 closes; returns the iterations served."""
     s = learner.settings
-    learn_groups(learner, link)
     for iteration in range(learner.train_iteration + 1, s.num_iterations + 1):
         busy = PhaseClock()
         cpu_start = time.process_time()

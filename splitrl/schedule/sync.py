@@ -27,7 +27,16 @@ from .common import (IterationLog, PhaseClock, checkpoint_due, expect, stage0_af
                      stage1_finish)
 from .training import stage0_train, stage1_train
 
-__all__ = ["stage0_loop", "stage1_loop", "stage0_rollout"]
+__all__ = ["stage0_open", "stage1_open", "stage0_loop", "stage1_loop", "stage0_rollout"]
+
+
+def stage0_open(edge: Edge, link: Transport) -> dict[str, Any]:
+    """Before the first iteration: nothing to agree on (the overlapping schedules time the round trip here)."""
+    return {}
+
+
+def stage1_open(learner: Learner, link: Transport) -> None:
+    """Before the first iteration: nothing."""
 
 
 def stage0_rollout(edge: Edge, link: Transport, clock: PhaseClock, iteration: int) -> None:
@@ -48,18 +57,19 @@ def stage0_rollout(edge: Edge, link: Transport, clock: PhaseClock, iteration: in
         link.send("rollout_end", *end)
 
 
-def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, checkpoint_every: int = 10,
-                evaluation: Evaluation | None = None) -> list[dict[str, Any]]:
+def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, measured: dict[str, Any],
+                checkpoint_every: int = 10, evaluation: Evaluation | None = None) -> list[dict[str, Any]]:
     """Every iteration from stage0's side; returns the metrics records."""
     s = edge.settings
     edge.open_envs()
-    metrics = IterationLog(edge, link)
+    metrics = IterationLog(edge, link, extra=measured)
     for iteration in range(edge.train_iteration + 1, s.num_iterations + 1):  # from a checkpoint's, if resumed
         clock = PhaseClock()
         metrics.start()
 
         # -- rollout: one round trip per env step ------------------------------------
         stage0_rollout(edge, link, clock, iteration)
+        clock.seconds["link_rollout"] = clock.seconds["link"]  # the rollout's share: the planner splits them
         rollout, order = stage0_after_rollout(edge, exchange, link, clock, iteration)  # and the replica's update
 
         # -- training: one round trip per minibatch ------------------------------------
@@ -87,6 +97,7 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
             with busy("heads"):
                 tensors, header = learner.act(t, msg)
             link.send("action", tensors, {**header, "t": t})
+        busy.seconds["heads_rollout"] = busy.seconds["heads"]
         msg = expect(link, "rollout_end")
         with busy("heads"):
             learner.end_rollout(msg)

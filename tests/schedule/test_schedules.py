@@ -201,6 +201,20 @@ def test_an_asynchronous_run_resumes(tmp_path, publish):
         assert rows[1]["async/staleness_max"] == 1.0
 
 
+
+def test_a_resumed_pipelined_run_counts_the_bytes_an_uninterrupted_one_does(tmp_path):
+    """The resumed session's pings and plan, like its hellos, are its opening: left out of the run's byte counters,
+    and numbered before its sequence numbers go on from the checkpoint's."""
+    args = TWO_ENVS + ["--rollout-groups", "2", "--microbatches", "2"]
+    _twin(tmp_path / "straight", *args, "--total-steps", "192")
+    _twin(tmp_path / "run", *args)
+    done = train_in_process("--resume", str(tmp_path / "run"), *args, "--total-steps", "192")
+    assert done.exit_code == 0, done.output[-3000:]
+    straight, resumed = read_metrics(tmp_path / "straight")[-1], read_metrics(tmp_path / "run")[-1]
+    counters = sorted(k for k in straight if k.startswith(("net/", "net_total/")))
+    assert counters and counters == sorted(k for k in resumed if k.startswith(("net/", "net_total/")))
+    assert {k: resumed[k] for k in counters} == {k: straight[k] for k in counters}
+
 def test_epoch_versions_and_the_pace():
     # P = 1: only an iteration's end publishes, as its number.
     assert asynchronous.epoch_versions(3, 0, False, 1) == [] and asynchronous.epoch_versions(3, 9, True, 1) == [3]

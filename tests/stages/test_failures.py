@@ -209,7 +209,12 @@ def test_the_pipelined_and_asynchronous_loops_refuse_out_of_protocol_messages(lo
     module = {"pipelined": pipelined, "async": asynchronous}[loop]
     schedule = ScheduleSettings(rollout_groups="auto", microbatches=2, asynchronous=loop == "async")
     settings = dataclasses.replace(SETTINGS, schedule=schedule)
-    error = stage1_refuses(messages, module.stage1_loop, settings)
+
+    def opened_loop(learner, exchange, link):  # as the runner does: the pings and the plan, then the iterations
+        module.stage1_open(learner, link)
+        return module.stage1_loop(learner, exchange, link)
+
+    error = stage1_refuses(messages, opened_loop, settings)
     assert isinstance(error, ProtocolError)
     assert re.search(expected, str(error)), str(error)
     deadline = time.monotonic() + 5
