@@ -77,8 +77,10 @@ def plan_cuts(settings: "TrainSettings", run_dir: str | Path, link: Link, *, vec
     per_group, _, minibatch = batches(settings)
     (cal_act0, cal_act1), (cal_train0, cal_train1) = (cal_timings.act(threads, per_group),
                                                       cal_timings.train(threads, minibatch))
-    beyond = dict(act0=max(0.0, rates.act0 - cal_act0), act1=max(0.0, rates.act1 - cal_act1),
-                  train0=max(0.0, rates.train0 - cal_train0), train1=max(0.0, rates.train1 - cal_train1))
+    # What the measured run spent beyond its networks timed here, signed: the measured cut's own plan then gives
+    # back its compute even where the networks time slower here than they ran (a busy moment of the timing).
+    beyond = dict(act0=rates.act0 - cal_act0, act1=rates.act1 - cal_act1, train0=rates.train0 - cal_train0,
+                  train1=rates.train1 - cal_train1)
     observation_bytes = float(np.prod(spec.row_shape)) * np.dtype(spec.row_dtype).itemsize
     out = []
     for cut in values:
@@ -91,8 +93,9 @@ def plan_cuts(settings: "TrainSettings", run_dir: str | Path, link: Link, *, vec
                   dict(up_step=rates.up_step * scale, up_sample=rates.up_sample * scale,
                        down_sample=rates.down_sample * scale))
         cut_rates = dataclasses.replace(
-            rates, env_step=rates.env_step / edge_speed, act0=beyond["act0"] + act0 / edge_speed,
-            act1=beyond["act1"] + act1 / server_speed, train0=beyond["train0"] + train0 / edge_speed,
-            train1=beyond["train1"] + train1 / server_speed, **stream)
+            rates, env_step=rates.env_step / edge_speed, act0=max(0.0, beyond["act0"] + act0 / edge_speed),
+            act1=max(0.0, beyond["act1"] + act1 / server_speed),
+            train0=max(0.0, beyond["train0"] + train0 / edge_speed),
+            train1=max(0.0, beyond["train1"] + train1 / server_speed), **stream)
         out.append(CutPlan(cut, sent, predict(candidate, cut_rates, link, vector=vector)))
     return sorted(out, key=lambda p: p.plan.seconds)

@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     from .envs import EnvSpec
     from .settings import TrainSettings
 
-__all__ = ["Timings", "Rates", "Link", "Plan", "RunConfig", "load_run", "calibrate", "predict", "layouts", "recommend",
-           "TCP_GOODPUT", "batches", "levels", "typical", "trains_alone"]
+__all__ = ["Timings", "Rates", "Link", "Plan", "RunConfig", "load_run", "calibrate", "overheads", "predict", "layouts",
+           "recommend", "TCP_GOODPUT", "batches", "levels", "typical", "trains_alone"]
 
 TCP_GOODPUT = MSS_BYTES / FRAME_BYTES
 """Application bytes per byte tc counts on a full-size segment (Ethernet 14 + IPv4 20 + TCP 20 + timestamps 12 of
@@ -231,7 +231,9 @@ def calibrate(run_dir: str | Path, target: "TrainSettings", *, threads: int, byt
     time, and its stages' compute, which sets the level of the networks' `Timings` here.
     ``bytes_from``: a run with the target's codecs and cut, for the bytes of each stream per sample
     (default: ``run_dir``, which must then have them). ``measured_link``: the link ``run_dir`` ran on (what
-    its wait on the link beyond that link's round trips and rate is the transport's own cost per byte).
+    its wait on the link beyond that link's round trips and rate is the stages' own cost of a message: a cost a
+    round trip and a cost a byte where the run timed its rollout's wait apart, `overheads`; else all of it a cost
+    a byte).
     ``timings``: the networks' `Timings` on this machine, reused across calls (default: new ones).
     """
     run = Path(run_dir)
@@ -270,18 +272,20 @@ def calibrate(run_dir: str | Path, target: "TrainSettings", *, threads: int, byt
     total = sum(iteration_bytes(r) for r in source) / len(source)
     other = total - s_steps * (up_step + down_step) - s_samples * (up_sample + down_sample)
     cal_bytes = sum(iteration_bytes(r) for r in used) / len(used)
-    # (every byte charged at the rate, the bucket left out: a shaped calibration link's own cost per byte comes out
-    # low, or none)
-    trips_t = cal.ppo.epochs * (1 if up_sample == down_sample == 0.0 else cal.ppo.minibatches)
+    trained = _per_kind(used, "train_fwd", "sent") > 0  # (cut at the input: stage1 trained alone)
+    trips_t = cal.ppo.epochs * (cal.ppo.minibatches if trained else 1)
+    # The whole wait, every byte charged at the rate (the bucket left out: a shaped calibration link's own cost
+    # per byte comes out low, or none).
     beyond = mean("time/link_wait") - (steps + trips_t) * measured_link.rtt - measured_link.transfer(cal_bytes)
     per_byte, per_message = (max(0.0, beyond) / cal_bytes if cal_bytes else 0.0), 0.0
-    if all("time/link_wait_rollout" in r for r in used) and _per_kind(used, "train_fwd", "sent"):
-        # The rollout's wait (many small messages) apart from training's (few large ones): two equations
-        bytes_r = _per_kind(used, "step", "sent") + _per_kind(used, "action", "recv")
-        per_step = bytes_r / steps
-        idle = mean("time/env") / steps  # the env's step between two messages fills the bucket they take from
+    if all("time/link_wait_rollout" in r for r in used) and trained:
+        # The rollout's wait (many small messages) apart from training's (few large ones): two equations. A step's
+        # message each way takes from the bucket the env's step between two messages filled.
+        up_r, down_r = _per_kind(used, "step", "sent"), _per_kind(used, "action", "recv")
+        bytes_r, idle = up_r + down_r, mean("time/env") / steps
         wait_r = mean("time/link_wait_rollout")
-        beyond_r = wait_r - steps * (measured_link.rtt + measured_link.transfer(per_step, idle=idle))
+        beyond_r = wait_r - steps * (measured_link.rtt + measured_link.transfer(up_r / steps, idle=idle)
+                                     + measured_link.transfer(down_r / steps, idle=idle))
         beyond_t = (mean("time/link_wait") - wait_r - trips_t * measured_link.rtt
                     - measured_link.transfer(cal_bytes - bytes_r))
         per_message, per_byte = overheads(beyond_r, steps, bytes_r, beyond_t, trips_t, cal_bytes - bytes_r)

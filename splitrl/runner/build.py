@@ -17,7 +17,8 @@ from ..stages.evaluate import Evaluation
 __all__ = ["SCHEDULES", "make_edge", "make_learner", "make_evaluation"]
 
 SCHEDULES: dict[str, ModuleType] = {"sync": sync, "pipelined": pipelined, "async": asynchronous, "fleet": fleet}
-"""``settings.schedule.mode`` -> the module whose ``stage0_loop`` / ``stage1_loop`` run it."""
+"""``settings.schedule.mode`` -> the module whose ``stage0_open`` / ``stage1_open`` (the session's opening after
+the hellos) and ``stage0_loop`` / ``stage1_loop`` (the iterations) run it."""
 
 
 def make_edge(settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None, options: RunOptions,

@@ -50,8 +50,8 @@ from .common import (IterationLog, PhaseClock, checkpoint_due, expect, stage0_af
                      stage1_finish)
 from .training import microbatches, stage0_train, stage1_train
 
-__all__ = ["stage0_open", "stage1_open", "stage0_loop", "stage1_loop", "agree_on_groups", "learn_groups", "stage0_rollout", "stage1_rollout",
-           "choose_groups", "rollout_lag", "PINGS"]
+__all__ = ["stage0_open", "stage1_open", "stage0_loop", "stage1_loop", "agree_on_groups", "learn_groups",
+           "stage0_rollout", "stage1_rollout", "choose_groups", "rollout_lag", "PINGS"]
 
 log = logging.getLogger(__name__)
 
@@ -218,8 +218,8 @@ def stage1_rollout(learner: Learner, link: Transport, busy: PhaseClock, iteratio
 
 
 stage0_open, stage1_open = agree_on_groups, learn_groups
-"""Before the first iteration (`splitrl.runner` calls them, before a resumed run's counters go on from its
-checkpoint, so that a resumed session's opening is set aside as its hellos are)."""
+"""The session's opening after the hellos: the round trip timed, the env groups agreed. The runner calls them
+apart from the loops so that a resumed run sets this opening aside from its byte counters, as it does the hellos."""
 
 
 # -- the loops -----------------------------------------------------------------------------

@@ -31,12 +31,13 @@ __all__ = ["stage0_open", "stage1_open", "stage0_loop", "stage1_loop", "stage0_r
 
 
 def stage0_open(edge: Edge, link: Transport) -> dict[str, Any]:
-    """Before the first iteration: nothing to agree on (the overlapping schedules time the round trip here)."""
+    """The session's opening after the hellos: this schedule has nothing to agree on (the overlapping ones time
+    the round trip and choose env groups); returns what it measured for every metrics line."""
     return {}
 
 
 def stage1_open(learner: Learner, link: Transport) -> None:
-    """Before the first iteration: nothing."""
+    """stage1's side of `stage0_open`: nothing."""
 
 
 def stage0_rollout(edge: Edge, link: Transport, clock: PhaseClock, iteration: int) -> None:

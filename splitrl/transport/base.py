@@ -267,7 +267,7 @@ class Transport(ABC):
         return {"sent": self._send_seq + ahead, "received": self._recv_seq}
 
     def go_on_from(self, position: Mapping[str, Any]) -> None:
-        """Number on from a checkpoint's `sequence`, after a resumed session's hellos (docs/PROTOCOL.md section 6):
+        """Number on from a checkpoint's `sequence`, after a resumed session's opening (docs/PROTOCOL.md section 6):
         its messages then cost on the link what the uninterrupted run's did (a larger number can take more
         bytes). Both sides do it from their checkpoints of the same iteration; `ValueError` for a bad position."""
         sent, received = (position.get("sent"), position.get("received")) if isinstance(position, Mapping) else (0, 0)

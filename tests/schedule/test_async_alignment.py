@@ -21,8 +21,8 @@ from ..conftest import ROOT
 # Three iterations of 2 envs x 32 steps in 2 groups, 2 epochs of 2 minibatches; episodes of 40 steps, so
 # two truncations per env are bootstrapped. fp32 throughout (the default codecs).
 TINY = ["--num-envs", "2", "--num-steps", "32", "--rollout-groups", "2", "--total-steps", "192", "--epochs", "2",
-        "--minibatches", "2", "--max-episode-steps", "40", "--threads", "1", "--checkpoint-every", "0", "--hidden", "32",
-        "--timeout", "30", "--start-timeout", "30"]
+        "--minibatches", "2", "--max-episode-steps", "40", "--threads", "1", "--checkpoint-every", "0",
+        "--hidden", "32", "--timeout", "30", "--start-timeout", "30"]
 # The planted bugs stop the run in its first or second iteration: rollouts of 8 steps do.
 SHORT = [*TINY, "--num-steps", "8", "--total-steps", "48"]
 

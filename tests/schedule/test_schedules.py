@@ -201,7 +201,6 @@ def test_an_asynchronous_run_resumes(tmp_path, publish):
         assert rows[1]["async/staleness_max"] == 1.0
 
 
-
 def test_a_resumed_pipelined_run_counts_the_bytes_an_uninterrupted_one_does(tmp_path):
     """The resumed session's pings and plan, like its hellos, are its opening: left out of the run's byte counters,
     and numbered before its sequence numbers go on from the checkpoint's."""
@@ -214,6 +213,7 @@ def test_a_resumed_pipelined_run_counts_the_bytes_an_uninterrupted_one_does(tmp_
     counters = sorted(k for k in straight if k.startswith(("net/", "net_total/")))
     assert counters and counters == sorted(k for k in resumed if k.startswith(("net/", "net_total/")))
     assert {k: resumed[k] for k in counters} == {k: straight[k] for k in counters}
+
 
 def test_epoch_versions_and_the_pace():
     # P = 1: only an iteration's end publishes, as its number.
@@ -237,8 +237,8 @@ def test_a_rescore_goes_through_the_fwd_codec_a_link_budget_chose(tmp_path):
     at a rollout's start from the newest record; rollout 4 starts after iteration 2 trained, so after record 1
     (rollout 3 may start before record 1 is written: four iterations, not three)."""
     args = ["--num-envs", "2", "--num-steps", "16", "--total-steps", "128", "--epochs", "2", "--minibatches", "2",
-            "--max-episode-steps", "20", "--threads", "1", "--hidden", "32", "--async", "--rescore", "--codec-fwd", "bf16",
-            "--link-budget", "1kbit"]
+            "--max-episode-steps", "20", "--threads", "1", "--hidden", "32", "--async", "--rescore", "--codec-fwd",
+            "bf16", "--link-budget", "1kbit"]
     _twin(tmp_path / "twin", *args)
     rows = [json.loads(line) for line in (tmp_path / "twin" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["budget/spec/fwd"] == "int8" and "budget/spec/fwd" not in rows[0]

@@ -154,7 +154,8 @@ def test_a_discrete_pixel_env_trains_split_and_twin_bit_identically(tmp_path, sp
     split_dir = _split_and_twin(tmp_path, spawn, DOTS + extra)
     config = json.loads((split_dir / "config-stage0.json").read_text())
     assert config["env_spec"]["discrete"] and config["env_spec"]["action_dim"] == 3
-    _, initial = build_agent((4, 48, 48), 3, "input" if "input" in extra else "cnn", 1, discrete=True)
+    _, initial = build_agent((4, 48, 48), 3, "input" if "input" in extra else "cnn", 1, discrete=True,
+                             hidden=int(TINY[TINY.index("--hidden") + 1]))
     heads = _load(split_dir, "stage1")["heads"]
     assert "actor_logstd" not in heads
     assert not torch.equal(heads["actor_mean.2.weight"], initial.state_dict()["actor_mean.2.weight"])  # it trained

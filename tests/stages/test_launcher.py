@@ -33,8 +33,8 @@ def test_interrupting_the_launcher_stops_both_stages(tmp_path, spawn, mode, sig)
     from .test_failures import MODES
 
     run_dir = tmp_path / "run"
-    proc = spawn("run", "--run-dir", str(run_dir), "--total-steps", "491520", "--num-steps", "4096", "--threads", "1", "--hidden", "32",
-                 *MODES[mode])
+    proc = spawn("run", "--run-dir", str(run_dir), "--total-steps", "491520", "--num-steps", "4096", "--threads", "1",
+                 "--hidden", "32", *MODES[mode])
     proc.wait_for("stage0 connected", timeout=120)
     time.sleep(1)
     proc.popen.send_signal(sig)
