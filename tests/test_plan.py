@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from splitrl.cli import main
 from splitrl.errors import SettingsError
 from splitrl.plan import TCP_GOODPUT, Link, Rates, Timings, calibrate, layouts, load_run, predict
-from splitrl.runs import measured_records, read_metrics
+from splitrl.runs import iteration_bytes, measured_records, read_metrics
 from splitrl.settings import TrainSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -251,8 +251,7 @@ def test_calibration_takes_both_costs_from_a_run_that_timed_its_rollouts_wait_ap
     pm, pb = 6e-4, 2e-9
     for r in records:
         rollout = r["net/step/sent_bytes"] + r["net/action/recv_bytes"]
-        training = sum(v for k, v in r.items() if k.startswith("net/") and k.endswith("_bytes")
-                       and not k.startswith(("net/hello/", "net/ping/", "net/pong/"))) - rollout
+        training = iteration_bytes(r) - rollout
         r["time/link_wait_rollout"] = 4096 * pm + rollout * pb
         r["time/link_wait"] = r["time/link_wait_rollout"] + 320 * pm + training * pb
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import Any, Callable, Sequence, TypeVar
 
 import torch
@@ -297,8 +298,7 @@ class Roster:
         for source in sources:  # every source asked sends its state: each is taken off its link
             got = self.expect(source, "encoder_state", iteration=iteration)
             if got is not None and verify is not None:
-                check = verify
-                got = self.judge(source, lambda state=got: check(state))
+                got = self.judge(source, partial(verify, got))
             if msg is None:
                 msg = got
         for g in joiners:
