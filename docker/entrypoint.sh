@@ -139,7 +139,14 @@ claim_place() {  # $1 places: claims the first free (or stale) one; sets place a
 holds_claim() { [[ -n "$claim" && "$(cat "$claim/holder" 2> /dev/null)" == "$claim_token" ]]; }
 
 keep_claim() {  # renews the claim every quarter lease while the entrypoint lives and the claim is still its
-    while sleep $(((claim_lease + 3) / 4)) && kill -0 "$$" 2> /dev/null && holds_claim; do touch "$claim/holder"; done
+    local nap=
+    trap '[[ -n "$nap" ]] && kill "$nap" 2> /dev/null; exit 0' TERM  # stopped: its sleep goes too, not a lease later
+    while :; do
+        sleep $(((claim_lease + 3) / 4)) &
+        nap=$!
+        wait "$nap" && kill -0 "$$" 2> /dev/null && holds_claim || break
+        touch "$claim/holder"
+    done
 }
 
 release_place() {  # removes the claim if it is still this container's

@@ -3,6 +3,9 @@
 Supervision is written once (`supervise`) and used by every place that runs the
 two stages as processes: `launch_split` (``splitrl run``), the lab
 (`splitrl.lab`), the lab benchmark and the transport-swap benchmark.
+
+``splitrl run`` hands `launch_split` stages it forked (`splitrl.cli.fork`) rather than have it start a fresh
+interpreter for each.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 __all__ = [
     "STOP_GRACE_S",
@@ -28,6 +31,7 @@ __all__ = [
     "stop_processes",
     "supervise",
     "launch_split",
+    "Startable",
     "run_local",
     "progress",
 ]
@@ -218,15 +222,34 @@ def supervise(
 # -- the local split -------------------------------------------------------------------
 
 
+class Startable(Protocol):
+    """A process already there that becomes ``splitrl ARGV`` when told (`splitrl.cli.fork.ForkedStage`), with
+    the part of `subprocess.Popen` that `supervise` uses."""
+
+    pid: int
+    returncode: int | None
+
+    def start(self, argv: Sequence[str]) -> None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
 def launch_split(stage_args: Sequence[str], run_dir: str, *, endpoint: str | None = None,
-                 grace: float = STOP_GRACE_S, edges: int = 1, resume: bool = False, learners: int = 1) -> int:
+                 grace: float = STOP_GRACE_S, edges: int = 1, resume: bool = False, learners: int = 1,
+                 forked: Sequence[Startable] = ()) -> int:
     """Start ``splitrl stage1`` and ``splitrl stage0`` as two processes over loopback; stop both on any exit path.
 
     ``stage_args`` go to both (the settings' argv, ``--run-dir run_dir`` included); ``endpoint``:
     where stage1 binds and stage0 connects (default: free loopback tcp ports). A fleet (``edges`` > 1)
     starts a stage0 per edge, edge k with ``--edge-id k`` and the run directory ``run_dir/edge-k`` (resumed
     from there with ``resume``). ``learners`` > 1: stage1 as that many learner processes, started by torchrun
-    (``--standalone``: its rendezvous on a free local port). Returns the first non-zero exit code, else 0.
+    (``--standalone``: its rendezvous on a free local port). ``forked``: processes ready for this run, used
+    in order (stage1 unless it is torchrun's, then each stage0) before any fresh process is started. Returns the
+    first non-zero exit code, else 0.
     """
     endpoint = endpoint or f"tcp://127.0.0.1:{free_port(count=2 * edges)}"
     base = [sys.executable, "-m", "splitrl"]
@@ -239,9 +262,17 @@ def launch_split(stage_args: Sequence[str], run_dir: str, *, endpoint: str | Non
     learner = base if learners == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                           "--nproc-per-node", str(learners), "-m", "splitrl"]
     env = {**os.environ, SUPERVISED_ENV: "1"}
-    procs = [subprocess.Popen(learner + ["stage1", "--bind", endpoint, *stage_args], env=env)]
-    procs += [subprocess.Popen(base + ["stage0", "--connect", endpoint, *stage_args, *extra], env=env)
-              for extra in edge_args]
+    spare = list(forked)
+
+    def start(command: list[str], argv: list[str], forkable: bool = True) -> Startable | subprocess.Popen:
+        if forkable and spare:
+            stage = spare.pop(0)
+            stage.start(argv)
+            return stage
+        return subprocess.Popen(command + argv, env=env)
+
+    procs = [start(learner, ["stage1", "--bind", endpoint, *stage_args], forkable=learners == 1)]
+    procs += [start(base, ["stage0", "--connect", endpoint, *stage_args, *extra]) for extra in edge_args]
     with contextlib.suppress(KeyboardInterrupt):  # all are stopped either way; their exit codes say how
         supervise(procs, grace=grace, on_interrupt=lambda: log.info(
             "stopping both stages" if edges == 1 else f"stopping stage1 and the {edges} edges"))

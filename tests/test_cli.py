@@ -13,6 +13,17 @@ def _run(*args: str):
     return CliRunner().invoke(main, list(args))
 
 
+def test_the_command_and_its_help_import_no_torch():
+    """Every command imports torch when it runs, not when the command group loads: --help, `keys` (the transport's
+    keys alone) and `netem` answer in a fraction of a second."""
+    import subprocess
+    import sys
+
+    probe = "import sys, splitrl.cli, splitrl.transport.curve; print(sorted(m for m in ('torch', 'gymnasium', 'numpy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 def test_version():
     result = _run("--version")
     assert result.exit_code == 0 and result.output.startswith("splitrl ")

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from splitrl.cli.fork import preforked
 from splitrl.launch import PORT_RANGE_ENV, free_port, free_port_pair, supervise
 
 
@@ -73,3 +74,18 @@ def test_free_ports_come_from_the_range_asked_for(monkeypatch):
     monkeypatch.setenv(PORT_RANGE_ENV, "20009-20000")
     with pytest.raises(ValueError, match="LOW-HIGH"):
         free_port()
+
+
+def test_forked_stages_become_the_command_they_are_sent_and_those_never_sent_one_leave_at_once(capfd):
+    """`splitrl run`'s stages are forked before they know their argv: a started one runs it as the `splitrl`
+    command and exits with its status; one never started exits 0 when the block ends, though a sibling forked
+    after it holds no copy of its pipe (it would wait for ever)."""
+    started = time.monotonic()
+    with preforked(3) as stages:
+        stages[0].start(["--version"])  # ends though stages 1 and 2, forked after it, still wait
+        assert supervise(stages[:1], grace=30, timeout=30) is True
+        stages[2].start(["no-such-command"])
+        assert supervise(stages[2:], grace=30, timeout=30) is True
+    assert [s.returncode for s in stages] == [0, 0, 2] and time.monotonic() - started < 60
+    out, err = capfd.readouterr()
+    assert out.count("splitrl ") == 1 and "No such command 'no-such-command'" in err

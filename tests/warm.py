@@ -1,8 +1,8 @@
 """A warm interpreter that starts `splitrl` processes by forking (the tests' `spawn` fixture, for the stages and
 the twin).
 
-``python -m tests.warm`` imports what every stage process imports (torch, the optimiser's compiler stack,
-splitrl's runner, the environments), then reads requests on stdin, one JSON line each:
+``python -m tests.warm`` imports what every stage process imports (`splitrl.cli.fork.preload_stage`, as
+``splitrl run`` does before it forks its stages), then reads requests on stdin, one JSON line each:
 ``{"args": [...], "log": PATH}``. For each it forks a process that runs ``python -m splitrl ARGS`` from there
 (its own process, its own sockets and signal handlers, the same entry point and interpreter shutdown), its
 output to PATH. It answers on stdout ``{"pid": N}`` for each request and ``{"exit": [N, CODE]}`` when one
@@ -39,20 +39,10 @@ def _reap(signum: int, frame: Any) -> None:
 
 def _preload() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # what splitrl's __main__ sets before torch loads
-    import torch
-
-    torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # imports the compiler stack an optimiser pulls in
-    import gymnasium  # noqa: F401
-    import zmq  # noqa: F401
-
     import splitrl.cli  # noqa: F401
-    import splitrl.launch  # noqa: F401
-    import splitrl.runner  # noqa: F401
+    from splitrl.cli.fork import preload_stage
 
-    try:
-        import gymnasium.envs.box2d.car_racing  # noqa: F401
-    except ImportError:  # the box2d extra is not installed: the stages import what they need themselves
-        pass
+    preload_stage("gymnasium.envs.box2d.car_racing:CarRacing")  # what `splitrl run` does before it forks its stages
 
 
 def _serve() -> dict[str, Any]:

@@ -4,7 +4,7 @@
 here: `train` (stage0, stage1, train, run, curve), `bench` (``splitrl bench ...``),
 `netem` (``splitrl netem ...``, ``splitrl lab``) and `tools` (codecs, report, keys, upgrade-checkpoints), `evaluate` (eval).
 Their options come from the settings dataclasses (`options`); how they end on an
-error is `errors`. Every command imports torch lazily, so ``--help`` and
+error is `errors`; `fork` starts the stages of ``splitrl run``. Every command imports torch lazily, so ``--help`` and
 ``splitrl netem`` start quickly.
 """
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..models.greedy import GREEDY_RULES
+from ..settings.specs import GREEDY_RULES
 from .errors import run_cli
 
 __all__ = ["bench_greedy"]

@@ -8,7 +8,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from ..models.greedy import DEFAULT_GREEDY, GREEDY_RULES
+from ..settings.specs import DEFAULT_GREEDY, GREEDY_RULES
 from .errors import run_cli
 
 __all__ = ["eval_cmd", "export_cmd"]

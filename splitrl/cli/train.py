@@ -67,6 +67,17 @@ def train(settings: TrainSettings, options: RunOptions) -> None:
     run_cli(lambda: train_twin(settings, options))
 
 
+def _entry_point(env_id: str) -> str | None:
+    """The registered env's ``module:Class`` (None for an id gymnasium does not know: the check says so)."""
+    try:
+        import gymnasium
+
+        entry = gymnasium.spec(env_id).entry_point
+    except Exception:
+        return None
+    return entry if isinstance(entry, str) else None
+
+
 @click.command()
 @click.option("--endpoint", default=None,
               help="where stage1 binds and stage0 connects, e.g. ipc:///tmp/link  [default: a free loopback tcp port pair]")
@@ -75,20 +86,25 @@ def run(settings: TrainSettings, options: RunOptions, endpoint: str | None) -> N
     """Split training on this machine: stage1 and stage0 as two processes over loopback (a stage0 per edge with
     --edges N, each in RUN_DIR/edge-K)."""
     from ..launch import launch_split
+    from .fork import preforked
     from ..runner.rundir import LAUNCHER, check
 
     def go() -> int:
-        # Every problem either stage would find, found here at once, before either starts. This process only
-        # supervises: one torch thread builds the network to check faster on a busy machine than several.
+        # Every problem either stage would find is found here at once, before either starts; one torch thread
+        # builds the network to check faster on a busy machine than several. Then the stages are forked from
+        # here (they share this process's imports), with torch's thread count as it was.
         import torch
 
+        threads = torch.get_num_threads()
         torch.set_num_threads(1)
         placed = dataclasses.replace(options, run_dir=options.run_dir or options.resume
                                      or default_run_dir(settings.env.env_id))
         check(settings, placed, LAUNCHER)
         stage_args, run_dir = stage_argv(settings, placed)
-        return launch_split(stage_args, run_dir, endpoint=endpoint, edges=settings.schedule.edges,
-                            resume=bool(options.resume), learners=options.learners)
+        torch.set_num_threads(threads)
+        with preforked(settings.schedule.edges + (options.learners == 1), _entry_point(settings.env.env_id)) as forked:
+            return launch_split(stage_args, run_dir, endpoint=endpoint, edges=settings.schedule.edges,
+                                resume=bool(options.resume), learners=options.learners, forked=forked)
 
     sys.exit(run_cli(go))
 

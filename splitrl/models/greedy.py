@@ -27,16 +27,10 @@ import torch
 from torch import nn
 
 from ..ppo import clamp_log_std
+from ..settings.specs import DEFAULT_GREEDY, GREEDY_RULES
 from .heads import ActorCriticHeads
 
 __all__ = ["GREEDY_RULES", "DEFAULT_GREEDY", "GreedyAction", "GreedyPolicy"]
-
-GREEDY_RULES = ("expected", "mode", "mean")
-DEFAULT_GREEDY = "expected"
-"""The rule `splitrl eval` and export use unless told: the policy's own average env action, the one rule that acts
-on every draw's part (a brake the mean never reaches included); `splitrl bench greedy` plays the rules against each
-other and the sampled policy on held-out seeds: on the paper-length runs it played best of the three
-(docs/benchmarks/after-training.md)."""
 
 _MODE_STEPS = 64
 """Fixed-point steps of ``mode``: at 2 std^2 = 0.74 (the paper's initial log-std of -0.5) the error shrinks by

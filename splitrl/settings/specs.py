@@ -18,7 +18,7 @@ from ..units import parse_rate
 from .options import bound_error
 
 __all__ = ["CODEC_NAMES", "CODEC_STREAMS", "EXCHANGES", "ENCODER_SYNCS", "SYNC_MODES", "OUTPUT_CODECS",
-           "FLEET_CODECS", "MODEL_NAMES", "AUTO_MODEL", "AUTO_MODELS",
+           "FLEET_CODECS", "MODEL_NAMES", "GREEDY_RULES", "DEFAULT_GREEDY", "AUTO_MODEL", "AUTO_MODELS",
            "ROBUST_SUMS", "EncoderSync", "Exchange", "parse_kwargs", "parse_env_kwargs",
            "parse_model_kwargs", "check_model", "codec_spec", "parse_link_budget",
            "parsed_codec", "codec_base"]
@@ -39,6 +39,14 @@ AUTO_MODEL = "auto"
 AUTO_MODELS = {"image": "nature", "vector": "mlp", "dict": "nature"}
 """What ``--model auto`` is for each kind of observation (a Dict's image goes through the model, its vector is
 joined to the features after it)."""
+GREEDY_RULES = ("expected", "mode", "mean")
+"""The deterministic actions of a Box policy (`splitrl.models.greedy.GreedyAction`), named here so --help needs no
+torch import."""
+DEFAULT_GREEDY = "expected"
+"""The rule `splitrl eval` and export use unless told: the policy's own average env action, the one rule that acts
+on every draw's part (a brake the mean never reaches included); `splitrl bench greedy` plays the rules against each
+other and the sampled policy on held-out seeds: on the paper-length runs it played best of the three
+(docs/benchmarks/after-training.md)."""
 EXCHANGES = ("features", "replica")
 ENCODER_SYNCS = ("grad", "avg")
 ROBUST_SUMS = ("off", "trimmed", "median")
