@@ -31,6 +31,7 @@ __all__ = [
     "stop_processes",
     "supervise",
     "launch_split",
+    "Supervised",
     "Startable",
     "run_local",
     "progress",
@@ -142,7 +143,27 @@ def progress(run_dir: str | os.PathLike, iterations: int, desc: str) -> Iterator
 # -- supervision -----------------------------------------------------------------------
 
 
-def wait_for_exit(procs: Sequence[subprocess.Popen], *, grace: float, timeout: float | None = None) -> bool:
+class Supervised(Protocol):
+    """What `supervise` needs of a process: `subprocess.Popen`'s ``pid``, ``returncode``, ``poll``, ``wait`` and
+    ``send_signal``."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+class Startable(Supervised, Protocol):
+    """A process already there that becomes ``splitrl ARGV`` when told (`splitrl.cli.fork.ForkedStage`)."""
+
+    def start(self, argv: Sequence[str]) -> None: ...
+
+
+def wait_for_exit(procs: Sequence[Supervised], *, grace: float, timeout: float | None = None) -> bool:
     """Until every process has exited: True. False when it gave up with some still running:
     ``grace`` seconds after one failed (a stage that fails tells its peer, which should follow),
     or after ``timeout`` seconds in all."""
@@ -160,7 +181,7 @@ def wait_for_exit(procs: Sequence[subprocess.Popen], *, grace: float, timeout: f
         time.sleep(_POLL_S)
 
 
-def _signal(proc: subprocess.Popen, sig: int, group: bool) -> None:
+def _signal(proc: Supervised, sig: int, group: bool) -> None:
     with contextlib.suppress(ProcessLookupError):
         if group:
             os.killpg(proc.pid, sig)
@@ -169,7 +190,7 @@ def _signal(proc: subprocess.Popen, sig: int, group: bool) -> None:
 
 
 def stop_processes(
-    procs: Sequence[subprocess.Popen],
+    procs: Sequence[Supervised],
     grace: float = STOP_GRACE_S,
     *,
     first_signal: int = signal.SIGTERM,
@@ -194,7 +215,7 @@ def stop_processes(
 
 
 def supervise(
-    procs: Sequence[subprocess.Popen],
+    procs: Sequence[Supervised],
     *,
     grace: float = STOP_GRACE_S,
     timeout: float | None = None,
@@ -220,22 +241,6 @@ def supervise(
 
 
 # -- the local split -------------------------------------------------------------------
-
-
-class Startable(Protocol):
-    """A process already there that becomes ``splitrl ARGV`` when told (`splitrl.cli.fork.ForkedStage`), with
-    the part of `subprocess.Popen` that `supervise` uses."""
-
-    pid: int
-    returncode: int | None
-
-    def start(self, argv: Sequence[str]) -> None: ...
-
-    def poll(self) -> int | None: ...
-
-    def wait(self, timeout: float | None = None) -> int: ...
-
-    def send_signal(self, sig: int) -> None: ...
 
 
 def launch_split(stage_args: Sequence[str], run_dir: str, *, endpoint: str | None = None,
@@ -271,8 +276,13 @@ def launch_split(stage_args: Sequence[str], run_dir: str, *, endpoint: str | Non
             return stage
         return subprocess.Popen(command + argv, env=env)
 
-    procs = [start(learner, ["stage1", "--bind", endpoint, *stage_args], forkable=learners == 1)]
-    procs += [start(base, ["stage0", "--connect", endpoint, *stage_args, *extra]) for extra in edge_args]
+    procs: list[Supervised] = []
+    try:
+        procs.append(start(learner, ["stage1", "--bind", endpoint, *stage_args], forkable=learners == 1))
+        procs += [start(base, ["stage0", "--connect", endpoint, *stage_args, *extra]) for extra in edge_args]
+    except BaseException:  # one failed to start (a forked stage gone, no python): those started stop too
+        stop_processes(procs, grace)
+        raise
     with contextlib.suppress(KeyboardInterrupt):  # all are stopped either way; their exit codes say how
         supervise(procs, grace=grace, on_interrupt=lambda: log.info(
             "stopping both stages" if edges == 1 else f"stopping stage1 and the {edges} edges"))

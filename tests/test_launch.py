@@ -81,7 +81,9 @@ def test_forked_stages_become_the_command_they_are_sent_and_those_never_sent_one
     command and exits with its status; one never started exits 0 when the block ends, though a sibling forked
     after it holds no copy of its pipe (it would wait for ever)."""
     started = time.monotonic()
-    with preforked(3) as stages:
+    from splitrl.cli import main
+
+    with preforked(3, main) as stages:
         stages[0].start(["--version"])  # ends though stages 1 and 2, forked after it, still wait
         assert supervise(stages[:1], grace=30, timeout=30) is True
         stages[2].start(["no-such-command"])

@@ -4,7 +4,7 @@ the twin).
 ``python -m tests.warm`` imports what every stage process imports (`splitrl.cli.fork.preload_stage`, as
 ``splitrl run`` does before it forks its stages), then reads requests on stdin, one JSON line each:
 ``{"args": [...], "log": PATH}``. For each it forks a process that runs ``python -m splitrl ARGS`` from there
-(its own process, its own sockets and signal handlers, the same entry point and interpreter shutdown), its
+(its own process, its own sockets and signal handlers, the same entry point and exit as `splitrl run`'s stages), its
 output to PATH. It answers on stdout ``{"pid": N}`` for each request and ``{"exit": [N, CODE]}`` when one
 ends (CODE as `subprocess` gives it: negative when a signal killed it). A stage process spends most of its
 CPU time importing; forked from here it does not. Nothing runs in the warm process but imports, so no
@@ -59,8 +59,10 @@ def _serve() -> dict[str, Any]:
 
 
 def _run(request: dict[str, Any]) -> None:
-    """Be ``python -m splitrl ARGS`` with stdout and stderr to the request's log and stdin from /dev/null."""
-    import runpy
+    """Be ``splitrl ARGS`` (as `splitrl run`'s forked stages are: `splitrl.cli.fork.run_command`) with stdout and
+    stderr to the request's log and stdin from /dev/null."""
+    from splitrl.cli import main
+    from splitrl.cli.fork import leave, run_command
 
     log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -71,8 +73,7 @@ def _run(request: dict[str, Any]) -> None:
     os.close(null)
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
-    sys.argv = ["splitrl", *request["args"]]
-    runpy.run_module("splitrl", run_name="__main__", alter_sys=True)
+    leave(run_command(main, request["args"]))
 
 
 if __name__ == "__main__":

@@ -16,9 +16,11 @@ import threading
 import time
 from typing import Iterator, Sequence
 
+import click
+
 from ..launch import STOP_GRACE_S, SUPERVISED_ENV
 
-__all__ = ["preload_stage", "preforked", "ForkedStage"]
+__all__ = ["preload_stage", "preforked", "ForkedStage", "run_command", "leave"]
 
 
 def preload_stage(entry_point: str | None = None) -> None:
@@ -47,34 +49,59 @@ class ForkedStage:
     once when `abandon` closes the pipe first). It offers the part of `subprocess.Popen` that `supervise` uses:
     ``pid``, ``returncode``, ``poll``, ``wait``, ``send_signal`` and ``kill``.
 
-    The child runs ``python -m splitrl ARGV`` as a fresh interpreter would (`SUPERVISED_ENV` set),
-    then leaves as an interpreter does (non-daemon threads joined, exit handlers run, output flushed) by
-    ``os._exit``, so nothing of the launcher's own stack above the fork runs twice. Its command line in ``ps`` is
-    the launcher's."""
+    The child runs the `splitrl` command as the console script does (`run_command`, `SUPERVISED_ENV` set), with
+    the logging of a fresh process, then leaves as an interpreter does, by ``os._exit``, so nothing of the
+    launcher's own stack above the fork runs twice. What it shares with the launcher beyond the imports: the
+    environment as the launcher's interpreter read it (``OMP_WAIT_POLICY``, which ``python -m splitrl`` sets
+    before torch loads) and, in ``ps``, the launcher's command line."""
 
     _pipes: set[int] = set()
     """The write ends of the stages forked so far and not yet started: a child closes its siblings', or a
     sibling's pipe would never reach its end."""
 
-    def __init__(self) -> None:
+    def __init__(self, command: click.Command) -> None:
         read, write = os.pipe()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        pid = os.fork()
+        # A stop signal between the fork and the child's own handlers would raise in the launcher's frames,
+        # which the child has a copy of: held until the child has set its own.
+        stops = {signal.SIGINT, signal.SIGTERM}
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+        try:
+            pid = os.fork()
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            os.close(read)
+            os.close(write)
+            raise
         if pid == 0:  # pragma: no cover  (the child: its coverage is the stage's)
-            for fd in (write, *ForkedStage._pipes):
-                os.close(fd)
-            ForkedStage._pipes.clear()
-            _become_stage(read)
+            try:
+                # Until told what to be, a stop signal ends the child at once, quietly (the launcher stops too).
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+                for fd in (write, *ForkedStage._pipes):
+                    os.close(fd)
+                ForkedStage._pipes.clear()
+                argv = _read_argv(read)
+                if argv is None:
+                    os._exit(0)
+                os.environ[SUPERVISED_ENV] = "1"
+                leave(run_command(command, argv))
+            finally:
+                os._exit(1)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         os.close(read)
         ForkedStage._pipes.add(write)
         self.pid, self.returncode, self.started = pid, None, False
         self._go: int | None = write
 
     def start(self, argv: Sequence[str]) -> None:
-        """Become ``splitrl ARGV`` (the whole argv in one write: a pipe holds 64 KiB; an argv is a few kB)."""
+        """Become ``splitrl ARGV``. OSError when the child is gone (it was killed while it waited)."""
         data = json.dumps(list(argv)).encode()
-        os.write(self._go, data)
+        view = memoryview(data)
+        while view:  # a pipe takes 64 KiB at once; an argv is a few kB
+            view = view[os.write(self._go, view):]
         self.started = True
         self.abandon()
 
@@ -87,7 +114,11 @@ class ForkedStage:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): what Popen says then
+                self.returncode = 0
+                return 0
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
@@ -109,61 +140,78 @@ class ForkedStage:
         self.send_signal(signal.SIGKILL)
 
 
-def _become_stage(go: int) -> None:  # pragma: no cover  (runs in the forked child)
-    """The forked child: wait for the argv, run it as the `splitrl` command, exit with its status."""
-    import atexit
-    import traceback
+def _read_argv(go: int) -> list[str] | None:  # pragma: no cover  (runs in the forked child)
+    chunks = []
+    while chunk := os.read(go, 65536):
+        chunks.append(chunk)
+    os.close(go)
+    return json.loads(b"".join(chunks)) if chunks else None
 
-    code = 1
+
+def run_command(command: click.Command, argv: Sequence[str]) -> int:
+    """Run ``splitrl ARGV`` in this process as the console script does, ``command`` being the `splitrl` group
+    (in a process forked for it: `ForkedStage`, and the tests' warm interpreter), with the logging of a fresh
+    process; returns its exit status."""
+    import logging
+
+    for handler in logging.root.handlers[:]:  # the launcher's: the command sets up its own, as in a new process
+        logging.root.removeHandler(handler)
+    logging.root.setLevel(logging.WARNING)
+    sys.argv = ["splitrl", *argv]
     try:
-        # Until told what to be, a stop signal ends the child at once, quietly (the launcher is stopping too).
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        chunks = []
-        while chunk := os.read(go, 65536):
-            chunks.append(chunk)
-        os.close(go)
-        if not chunks:
-            os._exit(0)
-        argv = json.loads(b"".join(chunks))
-        os.environ[SUPERVISED_ENV] = "1"
-        sys.argv = ["splitrl", *argv]
-        import runpy
-
-        try:
-            runpy.run_module("splitrl", run_name="__main__", alter_sys=True)  # as ``python -m splitrl ARGV``
-            code = 0
-        except SystemExit as exc:  # how click's standalone mode always ends
-            if exc.code is None or isinstance(exc.code, int):
-                code = exc.code or 0
-            else:
-                print(exc.code, file=sys.stderr)
+        command.main(args=list(argv), prog_name="splitrl")
+    except SystemExit as exc:  # how click's standalone mode always ends
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # a stop before the command's own handlers: what an interpreter's exit says
+        return 130
     except BaseException:
+        import traceback
+
         traceback.print_exc()
-    finally:
+        return 1
+    return 0
+
+
+def leave(code: int) -> None:  # pragma: no cover  (ends a forked child)
+    """Exit as an interpreter does, each step on its own (non-daemon threads joined, exit handlers run, output
+    flushed), by ``os._exit``: nothing of the stack above runs."""
+    import atexit
+
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # type: ignore[attr-defined]
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):
-            threading._shutdown()  # type: ignore[attr-defined]  (as an interpreter's exit joins them)
-            atexit._run_exitfuncs()
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+            stream.flush()
+    os._exit(code)
 
 
 @contextlib.contextmanager
-def preforked(count: int, entry_point: str | None = None) -> Iterator[list[ForkedStage]]:
-    """``count`` stages forked now, after `preload_stage`; each waits for `ForkedStage.start`. Those not started
-    when the block ends exit at once and are reaped. This process must not have run torch on more than one
-    thread: OpenMP's worker threads do not survive a fork (`splitrl run` checks on one thread, then forks)."""
+def preforked(count: int, command: click.Command, entry_point: str | None = None) -> Iterator[list[ForkedStage]]:
+    """``count`` stages of ``command`` (the `splitrl` group) forked now, after `preload_stage`; each waits for
+    `ForkedStage.start`. Those not started
+    when the block ends exit at once and are reaped (killed if they have not after `STOP_GRACE_S`).
+
+    This process must not have run torch on more than one thread (OpenMP's worker threads do not survive a fork:
+    `splitrl run` checks on one thread, then forks), nor touched CUDA (a forked child cannot initialise it again:
+    `splitrl run` does not fork for a stage on cuda)."""
     preload_stage(entry_point)
     stages: list[ForkedStage] = []
     try:
         for _ in range(count):
-            stages.append(ForkedStage())
+            stages.append(ForkedStage(command))
         yield stages
     finally:
         for stage in stages:
             stage.abandon()
         for stage in stages:
             if not stage.started:
-                with contextlib.suppress(subprocess.TimeoutExpired):
+                try:
                     stage.wait(STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    stage.kill()
+                    stage.wait()

@@ -102,7 +102,11 @@ def run(settings: TrainSettings, options: RunOptions, endpoint: str | None) -> N
         check(settings, placed, LAUNCHER)
         stage_args, run_dir = stage_argv(settings, placed)
         torch.set_num_threads(threads)
-        with preforked(settings.schedule.edges + (options.learners == 1), _entry_point(settings.env.env_id)) as forked:
+        # Not for a stage on cuda: the check touched CUDA here, and a forked child cannot initialise it again.
+        on_cuda = any(str(options.device(stage)).startswith("cuda") for stage in ("stage0", "stage1"))
+        count = 0 if on_cuda else settings.schedule.edges + (options.learners == 1)
+        with preforked(count, click.get_current_context().find_root().command,
+                       _entry_point(settings.env.env_id)) as forked:
             return launch_split(stage_args, run_dir, endpoint=endpoint, edges=settings.schedule.edges,
                                 resume=bool(options.resume), learners=options.learners, forked=forked)
 
