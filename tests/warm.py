@@ -42,7 +42,7 @@ def _preload() -> None:
     import splitrl.cli  # noqa: F401
     from splitrl.cli.fork import preload_stage
 
-    preload_stage("gymnasium.envs.box2d.car_racing:CarRacing")  # what `splitrl run` does before it forks its stages
+    preload_stage("CarRacing-v3")  # what `splitrl run` does before it forks its stages
 
 
 def _serve() -> dict[str, Any]:

@@ -23,25 +23,26 @@ from ..launch import STOP_GRACE_S, SUPERVISED_ENV
 __all__ = ["preload_stage", "preforked", "ForkedStage", "run_command", "leave"]
 
 
-def preload_stage(entry_point: str | None = None) -> None:
+def preload_stage(env_id: str | None = None) -> None:
     """Import what a stage process imports before it does any work: torch, the compiler stack torch's optimisers
-    import on their first step, gymnasium, ZeroMQ and the runner; ``entry_point`` (a gymnasium env's
-    ``module:Class``): that env's module too, where it imports. Nothing here runs in parallel, so no thread pool
-    starts: a process forked after this (and after no more than one-threaded torch work) is sound."""
+    import on their first step, gymnasium, ZeroMQ, the runner and, for ``env_id``, the module gymnasium registered
+    it from. Nothing here runs in parallel, so no thread pool starts: a process forked after this (and after no
+    more than one-threaded torch work) is sound."""
     import torch
 
     torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # never stepped: only its imports are wanted
     import torch._dynamo  # noqa: F401  (what the first Adam.step would import)
-    import gymnasium  # noqa: F401
+    import gymnasium
     import zmq  # noqa: F401
 
     from .. import runner  # noqa: F401
 
-    if entry_point and isinstance(entry_point, str) and ":" in entry_point:
+    if env_id:
         import importlib
 
-        with contextlib.suppress(Exception):  # the env's own errors are the stage's to report
-            importlib.import_module(entry_point.split(":")[0])
+        with contextlib.suppress(Exception):  # an env id gymnasium does not know is the stage's to report
+            entry = gymnasium.spec(env_id).entry_point
+            importlib.import_module(entry.split(":")[0])
 
 
 class ForkedStage:
@@ -191,7 +192,7 @@ def leave(code: int) -> None:  # pragma: no cover  (ends a forked child)
 
 
 @contextlib.contextmanager
-def preforked(count: int, command: click.Command, entry_point: str | None = None) -> Iterator[list[ForkedStage]]:
+def preforked(count: int, command: click.Command, env_id: str | None = None) -> Iterator[list[ForkedStage]]:
     """``count`` stages of ``command`` (the `splitrl` group) forked now, after `preload_stage`; each waits for
     `ForkedStage.start`. Those not started
     when the block ends exit at once and are reaped (killed if they have not after `STOP_GRACE_S`).
@@ -199,7 +200,8 @@ def preforked(count: int, command: click.Command, entry_point: str | None = None
     This process must not have run torch on more than one thread (OpenMP's worker threads do not survive a fork:
     `splitrl run` checks on one thread, then forks), nor touched CUDA (a forked child cannot initialise it again:
     `splitrl run` does not fork for a stage on cuda)."""
-    preload_stage(entry_point)
+    if count:
+        preload_stage(env_id)
     stages: list[ForkedStage] = []
     try:
         for _ in range(count):

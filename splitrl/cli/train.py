@@ -67,17 +67,6 @@ def train(settings: TrainSettings, options: RunOptions) -> None:
     run_cli(lambda: train_twin(settings, options))
 
 
-def _entry_point(env_id: str) -> str | None:
-    """The registered env's ``module:Class`` (None for an id gymnasium does not know: the check says so)."""
-    try:
-        import gymnasium
-
-        entry = gymnasium.spec(env_id).entry_point
-    except Exception:
-        return None
-    return entry if isinstance(entry, str) else None
-
-
 @click.command()
 @click.option("--endpoint", default=None,
               help="where stage1 binds and stage0 connects, e.g. ipc:///tmp/link  [default: a free loopback tcp port pair]")
@@ -106,7 +95,7 @@ def run(settings: TrainSettings, options: RunOptions, endpoint: str | None) -> N
         on_cuda = any(str(options.device(stage)).startswith("cuda") for stage in ("stage0", "stage1"))
         count = 0 if on_cuda else settings.schedule.edges + (options.learners == 1)
         with preforked(count, click.get_current_context().find_root().command,
-                       _entry_point(settings.env.env_id)) as forked:
+                       settings.env.env_id) as forked:
             return launch_split(stage_args, run_dir, endpoint=endpoint, edges=settings.schedule.edges,
                                 resume=bool(options.resume), learners=options.learners, forked=forked)
 

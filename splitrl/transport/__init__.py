@@ -23,23 +23,7 @@ _LAZY = {
     "paired_endpoint": "zmq_transport",
 }
 
-__all__ = [
-    "ByteMeter",
-    "Message",
-    "PROTOCOL_VERSION",
-    "PeerAbort",
-    "PeerGone",
-    "ProtocolError",
-    "TcpTransport",
-    "Transport",
-    "TransportClosed",
-    "TransportTimeout",
-    "WireLimits",
-    "ZmqTransport",
-    "decode",
-    "encode",
-    "paired_endpoint",
-]
+__all__ = sorted([*_LAZY, "PeerAbort", "PeerGone", "ProtocolError", "TransportClosed", "TransportTimeout"])
 
 
 def __getattr__(name: str) -> Any:
