@@ -19,6 +19,15 @@ if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
     _width = (32_767 - 10_000) // max(_workers, 1)
     os.environ.setdefault("SPLITRL_PORT_RANGE", f"{10_000 + _worker * _width}-{10_000 + (_worker + 1) * _width - 1}")
 
+# Torch in the workers and in every process they start computes on one core's share: two workers whose OpenMP
+# threads each take both cores, and spin between parallel regions (libgomp's default wait), spend about a third
+# more CPU on the same tests and finish later. Set before anything imports torch; a command's `--threads` still
+# sets its own count.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault(
+        "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # Tiny but complete: two iterations, truncations every 20 steps (bootstrapping is exercised).
 TINY = [
     "--total-steps", "64", "--num-steps", "32", "--epochs", "2", "--minibatches", "2",
