@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("runner",),
     ("schedule",),
     ("stages",),
-    ("settings", "models", "envs", "pick_by_cue"),
+    ("settings", "models", "envs", "pick_by_cue", "carracing"),
     ("codecs",),
     ("ppo",),
     ("transport",),

@@ -1,0 +1,115 @@
+"""CarRacing's road drawn for less CPU, pixel for pixel as gymnasium draws it.
+
+gymnasium's CarRacing draws each frame on a 1000x800 surface and shrinks it to the 96x96 observation. Its road
+pass takes every polygon of the field, the grass and the track (about 750 on a typical track) through pygame's
+``Vector2`` one vertex at a time in Python, then skips those off screen, which is most of them. That pass was
+about half of an env step's CPU. `draw_road_faster` gives one env a road pass that turns the track's vertices all
+at once with numpy and hands the same visible polygons, with the same coordinates, to the same ``gfxdraw`` calls:
+
+- the rotation's cosine and sine are pygame's own: ``Vector2(1, 0).rotate_rad(angle)`` is ``(cos, sin)`` as
+  pygame computes them (its angle folded into one turn, quarter turns exact), and ``cos*x - sin*y``,
+  ``sin*x + cos*y`` are the products and sums pygame's rotation makes, in the same order, in float64;
+- then the zoom and the translation, and the same off-screen test, polygon by polygon;
+- a tile's colour is read at each frame (the env repaints a tile when the car first drives over it).
+
+So the frames are the stock env's, bit for bit (tests/test_carracing.py steps both through episodes and compares
+every frame; `python benchmarks/carracing_road.py` times both side by side). It is installed only on the
+gymnasium versions it was checked against and only where a subclass has not replaced the road pass.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CHECKED_GYMNASIUM", "draw_road_faster"]
+
+CHECKED_GYMNASIUM = ("1.4.",)
+"""gymnasium releases whose CarRacing road pass this one reproduces (prefixes of ``gymnasium.__version__``)."""
+
+_MODULE = "gymnasium.envs.box2d.car_racing"
+
+
+def draw_road_faster(env: Any) -> bool:
+    """Give ``env``'s CarRacing (if it is one) the vectorised road pass; whether it did."""
+    unwrapped = getattr(env, "unwrapped", env)
+    if type(unwrapped).__module__ != _MODULE and not any(c.__module__ == _MODULE for c in type(unwrapped).__mro__):
+        return False
+    import gymnasium
+    from gymnasium.envs.box2d import car_racing
+
+    if not gymnasium.__version__.startswith(CHECKED_GYMNASIUM):
+        return False
+    if type(unwrapped)._render_road is not car_racing.CarRacing._render_road:
+        return False  # a subclass draws its own road
+    unwrapped._render_road = types.MethodType(_render_road, unwrapped)
+    return True
+
+
+@functools.cache
+def _field_and_grass() -> tuple[np.ndarray, np.ndarray]:
+    """The background square and the grass patches, as (polygons, vertices, 2) arrays in the env's order."""
+    from gymnasium.envs.box2d import car_racing as cr
+
+    b, g = cr.PLAYFIELD, cr.GRASS_DIM
+    field = np.array([[(b, b), (b, -b), (-b, -b), (-b, b)]], dtype=np.float64)
+    grass = np.array([[(g * x + g, g * y), (g * x, g * y), (g * x, g * y + g), (g * x + g, g * y + g)]
+                      for x in range(-20, 20, 2) for y in range(-20, 20, 2)], dtype=np.float64)
+    return field, grass
+
+
+class _Track:
+    """One track's road polygons as an array (built once a reset: the env makes a new ``road_poly`` list);
+    ``vertices`` is None where they are not all quadrilaterals (then the stock pass draws them)."""
+
+    __slots__ = ("road_poly", "vertices", "colors")
+
+    def __init__(self, road_poly: list) -> None:
+        self.road_poly = road_poly
+        polygons = [[(p[0], p[1]) for p in poly] for poly, _ in road_poly]
+        self.vertices = (np.array(polygons, dtype=np.float64).reshape(-1, 4, 2)
+                         if all(len(poly) == 4 for poly in polygons) else None)
+        self.colors = [color for _, color in road_poly]  # the env's own lists: repainted in place
+
+
+def _on_screen(points: np.ndarray, window: tuple[int, int], margin: float) -> np.ndarray:
+    """The polygons with a vertex in the screen grown by ``margin``: gymnasium's test, polygon by polygon."""
+    x, y = points[..., 0], points[..., 1]
+    inside = (-margin <= x) & (x <= window[0] + margin) & (-margin <= y) & (y <= window[1] + margin)
+    return np.flatnonzero(inside.any(axis=-1))
+
+
+def _render_road(self: Any, zoom: float, translation: Any, angle: float) -> None:
+    import pygame
+    from gymnasium.envs.box2d import car_racing as cr
+    from pygame import gfxdraw
+
+    track = self.__dict__.get("_splitrl_track")
+    if track is None or track.road_poly is not self.road_poly:
+        track = self.__dict__["_splitrl_track"] = _Track(self.road_poly)
+    if track.vertices is None:
+        return cr.CarRacing._render_road(self, zoom, translation, angle)
+    field, grass = _field_and_grass()
+
+    cos, sin = pygame.math.Vector2(1.0, 0.0).rotate_rad(angle)
+    dx, dy = translation[0], translation[1]
+
+    def place(points: np.ndarray) -> np.ndarray:
+        x, y = points[..., 0], points[..., 1]
+        return np.stack(((cos * x - sin * y) * zoom + dx, (sin * x + cos * y) * zoom + dy), axis=-1)
+
+    def draw(polygon: list, color: Any) -> None:
+        gfxdraw.aapolygon(self.surf, polygon, color)
+        gfxdraw.filled_polygon(self.surf, polygon, color)
+
+    window, margin = (cr.WINDOW_W, cr.WINDOW_H), cr.MAX_SHAPE_DIM
+    draw(place(field)[0].tolist(), self.bg_color)  # never skipped
+    placed = place(grass)
+    for i in _on_screen(placed, window, margin):
+        draw(placed[i].tolist(), self.grass_color)
+    placed = place(track.vertices)
+    for i in _on_screen(placed, window, margin):
+        draw(placed[i].tolist(), [int(c) for c in track.colors[i]])
