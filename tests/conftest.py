@@ -105,20 +105,21 @@ class Proc:
             self._out.close()
 
 
-WARM_COMMANDS = ("stage0", "stage1", "train")
-"""What `spawn` forks from the warm interpreter: a stage or the twin is one process whatever starts it. `splitrl
-run` starts as a user's does, with a Python of its own, and starts its stages itself."""
+WARM_COMMANDS = ("stage0", "stage1", "train", "run")
+"""What `spawn` forks from the warm interpreter: a stage, the twin or the launcher is a process of its own whatever
+starts it (the launcher then forks its stages itself, as it does from a fresh Python). The launcher's own tests
+start it cold (``spawn(..., cold=True)``), as a user's shell does."""
 
 
 @pytest.fixture
 def spawn(tmp_path, request):
-    """Start `splitrl` subprocesses; every one is killed in teardown. The stages and the twin are forked from the
-    warm interpreter (`WARM_COMMANDS`), the launcher is started cold."""
+    """Start `splitrl` subprocesses; every one is killed in teardown. `WARM_COMMANDS` are forked from the warm
+    interpreter unless ``cold``; the others start with a Python of their own."""
     procs: list[Proc] = []
 
-    def start(*args: str) -> Proc:
+    def start(*args: str, cold: bool = False) -> Proc:
         log = tmp_path / f"proc{len(procs)}-{args[0]}.log"
-        proc = (WarmProc(args, log, request.getfixturevalue("_warm")) if args[0] in WARM_COMMANDS
+        proc = (WarmProc(args, log, request.getfixturevalue("_warm")) if args[0] in WARM_COMMANDS and not cold
                 else Proc(args, log))
         procs.append(proc)
         return proc

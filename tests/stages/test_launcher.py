@@ -17,7 +17,7 @@ def _leftovers(marker: str) -> list[str]:
 
 
 def test_launcher_runs_a_split_training_to_the_end(tmp_path, spawn):
-    proc = spawn("run", "--run-dir", str(tmp_path / "run"), *TINY)
+    proc = spawn("run", "--run-dir", str(tmp_path / "run"), *TINY, cold=True)  # as from a shell
     code, out = proc.finish(timeout=240)
     assert code == 0, out
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
