@@ -162,9 +162,12 @@ class _Warm:
                     self.codes[pid] = code
                     self.ended.notify_all()
 
-    def fork(self, args: tuple[str, ...], log: Path) -> int:
+    def fork(self, args: tuple[str, ...], log: Path, setup: list[str] | None = None) -> int:
+        """Fork ``splitrl ARGS`` (output to ``log``), after ``setup`` (``["MODULE:FUNCTION", ARG, ...]``, called in
+        the forked process first); its pid."""
+        request = {"args": list(args), "log": str(log), **({"setup": setup} if setup else {})}
         with self.lock:
-            self.popen.stdin.write((json.dumps({"args": list(args), "log": str(log)}) + "\n").encode())
+            self.popen.stdin.write((json.dumps(request) + "\n").encode())
             self.popen.stdin.flush()
             return self.pids.get(timeout=120)
 
@@ -206,10 +209,10 @@ class _Forked:
 class WarmProc(Proc):
     """`Proc` for ``splitrl ARGS`` forked from the warm interpreter: a process of its own, without the imports."""
 
-    def __init__(self, args: tuple[str, ...], log: Path, warm: _Warm) -> None:
+    def __init__(self, args: tuple[str, ...], log: Path, warm: _Warm, setup: list[str] | None = None) -> None:
         self.log, self._out = log, None
         log.touch()
-        self.popen = _Forked(warm, warm.fork(args, log), args)
+        self.popen = _Forked(warm, warm.fork(args, log, setup), args)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,9 @@ the twin).
 
 ``python -m tests.warm`` imports what every stage process imports (`splitrl.cli.fork.preload_stage`, as
 ``splitrl run`` does before it forks its stages), then reads requests on stdin, one JSON line each:
-``{"args": [...], "log": PATH}``. For each it forks a process that runs ``python -m splitrl ARGS`` from there
+``{"args": [...], "log": PATH}``, and optionally ``"setup": ["MODULE:FUNCTION", ARG, ...]``, a function the
+forked process calls with those arguments first (a test's alteration of the stage, as `tests.hostile.edge` makes).
+For each it forks a process that runs ``python -m splitrl ARGS`` from there
 (its own process, its own sockets and signal handlers, the same entry point and exit as `splitrl run`'s stages), its
 output to PATH. It answers on stdout ``{"pid": N}`` for each request and ``{"exit": [N, CODE]}`` when one
 ends (CODE as `subprocess` gives it: negative when a signal killed it). A stage process spends most of its
@@ -73,6 +75,12 @@ def _run(request: dict[str, Any]) -> None:
     os.close(null)
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
+    if request.get("setup"):
+        import importlib
+
+        target, *args = request["setup"]
+        module, function = target.split(":")
+        getattr(importlib.import_module(module), function)(*args)
     leave(run_command(main, request["args"]))
 
 

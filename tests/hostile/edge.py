@@ -2,7 +2,7 @@
 no honest edge sends.
 
 ``python -m tests.hostile.edge ATTACK [splitrl stage0 options ...]`` runs ``splitrl stage0`` with every message it
-sends passed through ATTACK first:
+sends passed through ATTACK first (the tests fork it from their warm interpreter with `lie` as its setup):
 
   rewards    every ``reward`` (from a step's t = 1 on, and the rollout_end's) is 1e30: finite, so the wire's
              finite check lets it through
@@ -44,8 +44,9 @@ ATTACKS: dict[str, Callable[[str, Tensors], Tensors]] = {
     "huge": _state(lambda t: torch.full_like(t, 1e30))}
 
 
-def main() -> None:
-    attack = ATTACKS[sys.argv[1]]
+def lie(name: str) -> None:
+    """From now on, pass every message this process's transports send through the attack ``name``."""
+    attack = ATTACKS[name]
     from splitrl.transport.base import Transport
 
     send = Transport.send
@@ -54,6 +55,10 @@ def main() -> None:
         return send(self, kind, attack(kind, dict(tensors)) if tensors else tensors, header, **kwargs)
 
     Transport.send = lying_send  # type: ignore[method-assign]
+
+
+def main() -> None:
+    lie(sys.argv[1])
     sys.argv = ["splitrl", *sys.argv[2:]]
     from splitrl.__main__ import main as splitrl_main
 

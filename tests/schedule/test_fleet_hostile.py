@@ -5,8 +5,6 @@ which names the edge and the tensor (`splitrl.stages.limits`, `splitrl.schedule.
 
 import re
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,28 +12,20 @@ import torch
 from splitrl.launch import free_port
 from splitrl.runs import load_checkpoint
 
-from ..conftest import ROOT, Proc, child_env
+from ..conftest import WarmProc
 from .test_fleet import LINK, _first_row, _rows
 from .test_fleet_roster import SMALL_FLEET
 
 
-class _Hostile(Proc):
-    """``python -m tests.hostile.edge ATTACK ARGS...``: a stage0 started cold, its output to ``log``."""
-
-    def __init__(self, args, log):
-        self.log = log
-        self._out = open(log, "w")
-        self.popen = subprocess.Popen([sys.executable, "-m", "tests.hostile.edge", *args], env=child_env(), cwd=ROOT,
-                                      stdout=self._out, stderr=subprocess.STDOUT)
-
-
 @pytest.fixture
-def hostile(tmp_path):
-    """Start hostile edges; every one is killed in teardown."""
+def hostile(tmp_path, request):
+    """Start hostile edges (`tests.hostile.edge`: ``splitrl stage0`` forked from the warm interpreter, its messages
+    passed through the attack as they leave); every one is killed in teardown."""
     procs = []
 
     def start(attack, *args):
-        procs.append(_Hostile([attack, "stage0", *args], tmp_path / f"hostile{len(procs)}-{attack}.log"))
+        procs.append(WarmProc(("stage0", *args), tmp_path / f"hostile{len(procs)}-{attack}.log",
+                              request.getfixturevalue("_warm"), setup=["tests.hostile.edge:lie", attack]))
         return procs[-1]
 
     yield start
