@@ -2,19 +2,23 @@
 
 gymnasium's CarRacing draws each frame on a 1000x800 surface and shrinks it to the 96x96 observation. Its road
 pass takes every polygon of the field, the grass and the track (about 750 on a typical track) through pygame's
-``Vector2`` one vertex at a time in Python, then skips those off screen, which is most of them. That pass was
-about half of an env step's CPU. `draw_road_faster` gives one env a road pass that turns the track's vertices all
-at once with numpy and hands the same visible polygons, with the same coordinates, to the same ``gfxdraw`` calls:
+``Vector2`` one vertex at a time in Python, then skips those off screen, which is most of them: that pass is
+about half of a stock env step's CPU. `draw_road_faster` gives one env a road pass that turns the track's
+vertices all at once with numpy and hands the same visible polygons, with the same coordinates, to the same
+``gfxdraw`` calls:
 
 - the rotation's cosine and sine are pygame's own: ``Vector2(1, 0).rotate_rad(angle)`` is ``(cos, sin)`` as
   pygame computes them (its angle folded into one turn, quarter turns exact), and ``cos*x - sin*y``,
   ``sin*x + cos*y`` are the products and sums pygame's rotation makes, in the same order, in float64;
 - then the zoom and the translation, and the same off-screen test, polygon by polygon;
-- a tile's colour is read at each frame (the env repaints a tile when the car first drives over it).
+- a tile's colour is read at each frame (the env's contact listener repaints tiles as the car touches them).
 
 So the frames are the stock env's, bit for bit (tests/test_carracing.py steps both through episodes and compares
-every frame; `python benchmarks/carracing_road.py` times both side by side). It is installed only on the
-gymnasium versions it was checked against and only where a subclass has not replaced the road pass.
+every frame; `python benchmarks/carracing_road.py` times both side by side). It is installed only where that was
+checked: gymnasium's releases in `CHECKED_GYMNASIUM`, on x86-64 (pygame's wheels there compute each product and
+sum rounded on its own; a compiler that fuses them into one multiply-add, as arm64 builds may, rounds otherwise),
+and where a subclass has replaced neither the road pass nor the polygon drawing. A copy or a pickle of the env
+(gymnasium rebuilds it from its arguments) draws with the stock pass.
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CHECKED_GYMNASIUM", "draw_road_faster"]
+__all__ = ["CHECKED_GYMNASIUM", "CHECKED_MACHINES", "draw_road_faster"]
 
 CHECKED_GYMNASIUM = ("1.4.",)
 """gymnasium releases whose CarRacing road pass this one reproduces (prefixes of ``gymnasium.__version__``)."""
+CHECKED_MACHINES = ("x86_64", "AMD64")
+"""``platform.machine()`` values where pygame's rotation was checked to round as numpy's products and sums do."""
 
 _MODULE = "gymnasium.envs.box2d.car_racing"
 
@@ -36,14 +42,18 @@ _MODULE = "gymnasium.envs.box2d.car_racing"
 def draw_road_faster(env: Any) -> bool:
     """Give ``env``'s CarRacing (if it is one) the vectorised road pass; whether it did."""
     unwrapped = getattr(env, "unwrapped", env)
-    if type(unwrapped).__module__ != _MODULE and not any(c.__module__ == _MODULE for c in type(unwrapped).__mro__):
+    if not any(c.__module__ == _MODULE for c in type(unwrapped).__mro__):
         return False
+    import platform
+
     import gymnasium
     from gymnasium.envs.box2d import car_racing
 
-    if not gymnasium.__version__.startswith(CHECKED_GYMNASIUM):
+    if not gymnasium.__version__.startswith(CHECKED_GYMNASIUM) or platform.machine() not in CHECKED_MACHINES:
         return False
-    if type(unwrapped)._render_road is not car_racing.CarRacing._render_road:
+    if not isinstance(unwrapped, car_racing.CarRacing) or any(
+            getattr(type(unwrapped), name) is not getattr(car_racing.CarRacing, name)
+            for name in ("_render_road", "_draw_colored_polygon")):
         return False  # a subclass draws its own road
     unwrapped._render_road = types.MethodType(_render_road, unwrapped)
     return True
@@ -72,7 +82,7 @@ class _Track:
         polygons = [[(p[0], p[1]) for p in poly] for poly, _ in road_poly]
         self.vertices = (np.array(polygons, dtype=np.float64).reshape(-1, 4, 2)
                          if all(len(poly) == 4 for poly in polygons) else None)
-        self.colors = [color for _, color in road_poly]  # the env's own lists: repainted in place
+        self.colors = [color for _, color in road_poly]  # the env's own objects: a tile's is repainted in place
 
 
 def _on_screen(points: np.ndarray, window: tuple[int, int], margin: float) -> np.ndarray:

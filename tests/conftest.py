@@ -24,8 +24,8 @@ if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
 # more CPU on the same tests and finish later. Set before anything imports torch; a command's `--threads` still
 # sets its own count.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    os.environ.setdefault(
-        "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Tiny but complete: two iterations, truncations every 20 steps (bootstrapping is exercised).
@@ -108,7 +108,7 @@ class Proc:
 WARM_COMMANDS = ("stage0", "stage1", "train", "run")
 """What `spawn` forks from the warm interpreter: a stage, the twin or the launcher is a process of its own whatever
 starts it (the launcher then forks its stages itself, as it does from a fresh Python). The launcher's own tests
-start it cold (``spawn(..., cold=True)``), as a user's shell does."""
+start it cold (``spawn(..., cold=True)``), as a user's shell does: its stages then carry its command line."""
 
 
 @pytest.fixture

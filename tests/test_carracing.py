@@ -54,7 +54,21 @@ def test_it_stays_off_what_it_was_not_checked_against(monkeypatch):
         def _render_road(self, zoom, translation, angle):
             pass
 
-    assert not carracing.draw_road_faster(OwnRoad())
-    assert not carracing.draw_road_faster(gym.make("CartPole-v1"))
-    monkeypatch.setattr(gym, "__version__", "9.0.0")
-    assert not carracing.draw_road_faster(gym.make("CarRacing-v3"))
+    class OwnPolygons(CarRacing):
+        def _draw_colored_polygon(self, *args, **kwargs):
+            pass
+
+    envs = [OwnRoad(), OwnPolygons(), gym.make("CartPole-v1")]
+    assert not any(carracing.draw_road_faster(env) for env in envs)
+    with monkeypatch.context() as patch:
+        patch.setattr(gym, "__version__", "9.0.0")
+        envs.append(gym.make("CarRacing-v3"))
+        assert not carracing.draw_road_faster(envs[-1])
+    with monkeypatch.context() as patch:
+        patch.setattr("platform.machine", lambda: "aarch64")
+        envs.append(gym.make("CarRacing-v3"))
+        assert not carracing.draw_road_faster(envs[-1])
+    envs.append(gym.make("CarRacing-v3"))
+    assert carracing.draw_road_faster(envs[-1])  # the same env, where it was checked
+    for env in envs:
+        env.close()

@@ -1,5 +1,5 @@
-"""A warm interpreter that starts `splitrl` processes by forking (the tests' `spawn` fixture, for the stages and
-the twin).
+"""A warm interpreter that starts `splitrl` processes by forking (the tests' `spawn` fixture: the stages, the twin
+and the launcher; the hostile edges of tests/schedule/test_fleet_hostile.py).
 
 ``python -m tests.warm`` imports what every stage process imports (`splitrl.cli.fork.preload_stage`, as
 ``splitrl run`` does before it forks its stages), then reads requests on stdin, one JSON line each:
@@ -77,10 +77,15 @@ def _run(request: dict[str, Any]) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     if request.get("setup"):
         import importlib
+        import traceback
 
         target, *args = request["setup"]
-        module, function = target.split(":")
-        getattr(importlib.import_module(module), function)(*args)
+        try:
+            module, function = target.split(":")
+            getattr(importlib.import_module(module), function)(*args)
+        except BaseException:  # said in the log; the process leaves as a stage does, not through the warm one's exit
+            traceback.print_exc()
+            leave(1)
     leave(run_command(main, request["args"]))
 
 

@@ -2,7 +2,8 @@
 no honest edge sends.
 
 ``python -m tests.hostile.edge ATTACK [splitrl stage0 options ...]`` runs ``splitrl stage0`` with every message it
-sends passed through ATTACK first (the tests fork it from their warm interpreter with `lie` as its setup):
+sends passed through ATTACK first (the tests fork ``splitrl stage0`` from their warm interpreter with `lie` as
+its setup):
 
   rewards    every ``reward`` (from a step's t = 1 on, and the rollout_end's) is 1e30: finite, so the wire's
              finite check lets it through

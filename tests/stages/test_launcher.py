@@ -17,7 +17,7 @@ def _leftovers(marker: str) -> list[str]:
 
 
 def test_launcher_runs_a_split_training_to_the_end(tmp_path, spawn):
-    proc = spawn("run", "--run-dir", str(tmp_path / "run"), *TINY, cold=True)  # as from a shell
+    proc = spawn("run", "--run-dir", str(tmp_path / "run"), *TINY, cold=True)  # as from a shell; `_leftovers` as below
     code, out = proc.finish(timeout=240)
     assert code == 0, out
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -34,7 +34,7 @@ def test_interrupting_the_launcher_stops_both_stages(tmp_path, spawn, mode, sig)
 
     run_dir = tmp_path / "run"
     proc = spawn("run", "--run-dir", str(run_dir), "--total-steps", "491520", "--num-steps", "4096", "--threads", "1",
-                 "--hidden", "32", *MODES[mode])
+                 "--hidden", "32", *MODES[mode], cold=True)  # its stages carry its command line: `_leftovers` finds them
     proc.wait_for("stage0 connected", timeout=120)
     time.sleep(1)
     proc.popen.send_signal(sig)
