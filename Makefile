@@ -17,11 +17,12 @@ RUN_ARGS ?= --total-steps 8192
 run: $(STAMP)
 	$(BIN)/splitrl run $(RUN_ARGS) $(ARGS)
 
-## test: the test suite (what CI runs), on two workers (pytest-xdist): most tests wait on the stages they
-## spawn. A module runs on one worker (its module-scoped fixtures once); modules that make network
-## namespaces take turns (tests/netem/support.py). TEST_WORKERS=0 runs it in one process. The slowest
-## 25 tests are listed at the end (where CI's minutes go).
-TEST_WORKERS ?= 2
+## test: the test suite (what CI runs), on three workers (pytest-xdist) for two cores: a worker often waits
+## (on a stage it spawned, a timeout a test checks), and a third fills the cores meanwhile; each worker's
+## torch computes on one core's share (tests/conftest.py). A module runs on one worker (its module-scoped
+## fixtures once); modules that make network namespaces take turns (tests/netem/support.py). TEST_WORKERS=0
+## runs it in one process. The slowest 25 tests are listed at the end (where CI's minutes go).
+TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations 25 $(ARGS)
 

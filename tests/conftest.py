@@ -19,7 +19,7 @@ if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
     _width = (32_767 - 10_000) // max(_workers, 1)
     os.environ.setdefault("SPLITRL_PORT_RANGE", f"{10_000 + _worker * _width}-{10_000 + (_worker + 1) * _width - 1}")
 
-# Torch in the workers and in every process they start computes on one core's share: two workers whose OpenMP
+# Torch in the workers and in every process they start computes on one core's share: workers whose OpenMP
 # threads each take both cores, and spin between parallel regions (libgomp's default wait), spend about a third
 # more CPU on the same tests and finish later. Set before anything imports torch; a command's `--threads` still
 # sets its own count.

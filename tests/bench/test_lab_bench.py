@@ -10,7 +10,7 @@ from splitrl.cli.bench import bench
 
 from ..netem.support import ip_netns_list, netns_usable
 
-# Namespaces are the machine's: no other test worker makes any while this module runs (make test: -n 2).
+# Namespaces are the machine's: no other test worker makes any while this module runs (make test: several workers).
 pytestmark = pytest.mark.usefixtures("netns_module")
 
 

@@ -9,7 +9,7 @@ import pytest
 from splitrl.bench.swap_bench import LINKS, format_swap_table, run_swap_bench, swap_chart, swap_targets
 from splitrl.netem.netns import netns_available
 
-# Namespaces are the machine's: no other test worker makes any while this module runs (make test: -n 2).
+# Namespaces are the machine's: no other test worker makes any while this module runs (make test: several workers).
 pytestmark = pytest.mark.usefixtures("netns_module")
 
 

@@ -27,7 +27,7 @@ from splitrl.netem.tc import Shaping
 from ..conftest import TINY, child_env
 from ..netem.support import ip_netns_list, needs_netns, remove_namespaces
 
-# Namespaces are the machine's: no other test worker makes any while this module runs (make test: -n 2).
+# Namespaces are the machine's: no other test worker makes any while this module runs (make test: several workers).
 pytestmark = pytest.mark.usefixtures("netns_module")
 
 # -- no root needed ------------------------------------------------------------------------------

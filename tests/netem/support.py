@@ -28,8 +28,8 @@ _held: list[int] = []  # the lock file's descriptor while this process holds it,
 def netns_exclusive():
     """Hold the machine-wide lock on making network namespaces (reentrant within a process).
 
-    Namespaces belong to the machine, not to a test: `make test` runs two workers, and a test that checks
-    that no ``splitrl-`` namespace is left must not see the other worker's. Every test module that makes
+    Namespaces belong to the machine, not to a test: `make test` runs several workers, and a test that checks
+    that no ``splitrl-`` namespace is left must not see another worker's. Every test module that makes
     namespaces holds this while it runs (`netns_module`), and so does the probe (`netns_ok`)."""
     if not _held:
         # Read-only if another user made the file (sticky /tmp refuses O_TRUNC on it); flock works either way.

@@ -35,7 +35,7 @@ from splitrl.netem.tc import (
 
 from .support import ip_netns_list, needs_netns
 
-# Namespaces are the machine's: no other test worker makes any while this module runs (make test: -n 2).
+# Namespaces are the machine's: no other test worker makes any while this module runs (make test: several workers).
 pytestmark = pytest.mark.usefixtures("netns_module")
 
 # -- no root needed ------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from splitrl.netem.netns import wait_for_line
 
 from ..conftest import child_env
 
-# Namespaces are the machine's: no other test worker makes any while this module runs (make test: -n 2).
+# Namespaces are the machine's: no other test worker makes any while this module runs (make test: several workers).
 pytestmark = pytest.mark.usefixtures("netns_module")
 
 

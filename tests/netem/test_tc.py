@@ -35,7 +35,7 @@ from splitrl.netem.tc import (
     tbf_sizes,
 )
 
-# Namespaces are the machine's: no other test worker makes any while this module runs (make test: -n 2).
+# Namespaces are the machine's: no other test worker makes any while this module runs (make test: several workers).
 pytestmark = pytest.mark.usefixtures("netns_module")
 
 NETEM_UNKNOWN = "Error: Specified qdisc kind is unknown."  # what tc says on a kernel without sch_netem
