@@ -20,23 +20,29 @@ import numpy as np
 from splitrl.carracing import draw_road_faster
 
 
-def episode_frames(faster: bool, steps: int, seed: int) -> tuple[list[np.ndarray], float]:
-    env = gym.make("CarRacing-v3", max_episode_steps=500)
+def episode_frames(faster: bool, steps: int, seed: int, *, episode_steps: int = 500,
+                   render_mode: str | None = None) -> tuple[list[np.ndarray], list[float], float]:
+    """A stock (or, ``faster``, a patched) CarRacing stepped ``steps`` times from ``seed`` with seeded random actions
+    that mostly drive on (over tiles, which the env repaints) and often off the road, reset with a new track when an
+    episode of ``episode_steps`` ends: its frames (the observations, or with ``render_mode`` what `render` gives),
+    the rewards and the CPU seconds of the steps."""
+    env = gym.make("CarRacing-v3", max_episode_steps=episode_steps, render_mode=render_mode)
     if faster and not draw_road_faster(env):
-        raise SystemExit("this gymnasium's CarRacing is not one splitrl.carracing was checked against")
+        raise RuntimeError("this gymnasium's CarRacing is not one splitrl.carracing was checked against")
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
-    frames = [obs]
+    frames, rewards = [obs], []
     start = time.process_time()
     for step in range(steps):
-        obs, _, terminated, truncated, _ = env.step(rng.uniform([-1, 0, 0], [1, 1, 1]).astype(np.float32))
-        frames.append(obs)
+        obs, reward, terminated, truncated, _ = env.step(rng.uniform([-1, 0.3, 0], [1, 1, 0.2]).astype(np.float32))
+        frames.append(env.render() if render_mode else obs)
+        rewards.append(float(reward))
         if terminated or truncated:
             obs, _ = env.reset(seed=seed + step + 1)
             frames.append(obs)
     seconds = time.process_time() - start
     env.close()
-    return frames, seconds
+    return frames, rewards, seconds
 
 
 def main() -> None:
@@ -51,7 +57,7 @@ def main() -> None:
         order = (False, True) if round_ % 2 == 0 else (True, False)
         frames = {}
         for faster in order:
-            frames[faster], seconds = episode_frames(faster, args.steps, args.seed + round_)
+            frames[faster], _, seconds = episode_frames(faster, args.steps, args.seed + round_)
             ms["splitrl" if faster else "stock"].append(1000 * seconds / args.steps)
         equal &= len(frames[False]) == len(frames[True]) and all(
             np.array_equal(a, b) for a, b in zip(frames[False], frames[True]))

@@ -43,7 +43,7 @@ def draw_road_faster(env: Any) -> bool:
     """Give ``env``'s CarRacing (if it is one) the vectorised road pass; whether it did."""
     unwrapped = getattr(env, "unwrapped", env)
     if not any(c.__module__ == _MODULE for c in type(unwrapped).__mro__):
-        return False
+        return False  # decided without importing Box2D and pygame for every other env
     import platform
 
     import gymnasium

@@ -2,44 +2,25 @@
 
 import gymnasium as gym
 import numpy as np
-import pytest
 from gymnasium.envs.box2d.car_racing import CarRacing
 
+from benchmarks.carracing_road import episode_frames
 from splitrl import carracing
 from splitrl.envs import make_single_env
 from splitrl.settings import EnvSettings
 
 
-def _frames(faster: bool, render_mode=None, steps: int = 160, seed: int = 5):
-    """Frames of two short episodes (a reset makes a new track) under random actions that go off the road."""
-    env = gym.make("CarRacing-v3", max_episode_steps=80, render_mode=render_mode)
-    if faster:
-        assert carracing.draw_road_faster(env)
-    rng = np.random.default_rng(seed)
-    obs, _ = env.reset(seed=seed)
-    frames, rewards = [obs], []
-    for step in range(steps):
-        obs, reward, terminated, truncated, _ = env.step(rng.uniform([-1, 0.3, 0], [1, 1, 0.2]).astype(np.float32))
-        frames.append(env.render() if render_mode else obs)
-        rewards.append(reward)
-        if terminated or truncated:
-            obs, _ = env.reset(seed=seed + step)
-            frames.append(obs)
-    env.close()
-    return frames, rewards
-
-
 def test_the_faster_road_draws_the_stock_frames_bit_for_bit():
-    stock, rewards = _frames(False)
-    ours, _ = _frames(True)
+    stock, rewards, _ = episode_frames(False, 160, 5, episode_steps=80)
+    ours, _, _ = episode_frames(True, 160, 5, episode_steps=80)
     assert max(rewards) > 0  # tiles were driven over: the env repainted them
     assert len(stock) == len(ours) and len(stock) > 160  # a reset came between
     assert all(np.array_equal(a, b) for a, b in zip(stock, ours))
 
 
 def test_what_a_person_sees_is_the_stock_frame_too():
-    stock, _ = _frames(False, render_mode="rgb_array", steps=12)
-    ours, _ = _frames(True, render_mode="rgb_array", steps=12)
+    stock, _, _ = episode_frames(False, 12, 5, render_mode="rgb_array")
+    ours, _, _ = episode_frames(True, 12, 5, render_mode="rgb_array")
     assert stock[-1].shape == (400, 600, 3) and all(np.array_equal(a, b) for a, b in zip(stock, ours))
 
 
