@@ -59,11 +59,17 @@ def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, sta
             iteration = resume_point(hello, ours)
             if edge.settings.schedule.edges > 1:
                 # The fleet's point is common to stage1 and every edge: stage1 says it once all are in.
-                said = after_progress(link, "resume", start_timeout).header.get("iteration")
+                header = after_progress(link, "resume", start_timeout).header
+                said = header.get("iteration")
                 if type(said) is not int or said < 0 or (said and said not in ours):
                     raise ProtocolError(f"resume: stage1 resumes the fleet after iteration {peer_repr(said)}; this "
                                         f"edge has checkpoints of {ours or 'none'}")
                 iteration = said
+                if "link" in header:  # this edge's place numbers on from stage1's checkpoint, as stage1 does now
+                    try:
+                        link.go_on_from(header["link"])
+                    except ValueError as exc:
+                        raise ProtocolError(f"resume: {exc}") from None
             if iteration:
                 resumed = load_checkpoint(edge.run_log.dir, STAGE0, iteration)
                 edge.load_state_dict(resumed)
@@ -77,7 +83,7 @@ def serve_stage0(edge: Edge, link: Transport, *, checkpoint_every: int = 10, sta
         if resumed is not None:
             # The run's byte counters go on from the checkpoint's, as if it had not stopped: this session's
             # opening (the hellos; the overlapping schedules' pings and plan) is left out of them, and (one stage1,
-            # which numbers on too) its numbering goes on.
+            # which numbers on too) its numbering goes on (a fleet's edge: from stage1's word, above).
             aside = sum(v for k, v in link.meter.restore(resumed["meter"]).items() if k.endswith("_bytes"))
             log.info("[stage0] this session's opening, %d bytes, is not in the run's byte counters", aside)
             if "link" in resumed and edge.settings.schedule.edges == 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from ..envs import EnvSpec
 from ..runs import RunLog, intact_checkpoints, load_checkpoint
@@ -79,10 +80,10 @@ def serve_fleet(learner: Learner, links: list[Transport], settings: TrainSetting
             roster.answer_extra = {"checkpoints": ours}
         roster.start(start_timeout if start_timeout is not None else RunOptions().start_timeout)
         if resume:
-            iteration = roster.resume(ours)
+            state: dict[str, Any] = {}
+            iteration = roster.resume(ours, lambda point: state.update(load_checkpoint(run_log.dir, STAGE1, point))
+                                      or state)
             if iteration:
-                assert run_log is not None
-                state = load_checkpoint(run_log.dir, STAGE1, iteration)
                 learner.load_state_dict(state)
                 exchange.load_state_dict(state["exchange"])
             log.info("[stage1] resuming the fleet after iteration %d", iteration)

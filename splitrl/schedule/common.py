@@ -155,9 +155,10 @@ def stage0_finish(edge: Edge, exchange: EdgeExchange, link: Transport, clock: Ph
 def stage1_finish(learner: Learner, exchange: LearnerExchange, link: Transport | Sequence[Transport], busy: PhaseClock,
                   iteration: int, order: list[list[torch.Tensor]], run_log: RunLog | None, cpu_start: float,
                   rollout: dict[str, Any], msgs: Sequence[Message] | None = None,
-                  extras: Sequence[dict[str, Any]] | None = None) -> None:
-    """After ``iter_end`` (from every edge of a fleet, ``link`` a list; ``msgs`` if already received): train alone
-    if the cut is before the first layer, checkpoint, send the statistics (with ``extras[k]`` to ``link[k]``)."""
+                  extras: Sequence[dict[str, Any]] | None = None, places: Sequence[int] | None = None) -> None:
+    """After ``iter_end`` (from every edge of a fleet, ``link`` a list, ``places`` their edges' ids; ``msgs`` if
+    already received): train alone if the cut is before the first layer, checkpoint, send the statistics (with
+    ``extras[k]`` to ``link[k]``)."""
     links = list(link) if isinstance(link, (list, tuple)) else [link]
     if msgs is None:
         msgs = [expect(each, "iter_end", iteration=iteration) for each in links]
@@ -175,9 +176,13 @@ def stage1_finish(learner: Learner, exchange: LearnerExchange, link: Transport |
         stats["time/heads_rollout"] = busy.seconds["heads_rollout"]
     if msgs[0].header.get("checkpoint") and run_log is not None:  # every edge checkpoints on the same iterations
         state = {**learner.state_dict(rollout), "exchange": exchange.state_dict()}
-        if isinstance(link, Transport):  # one stage0 on a link of its own: where a resume numbers on, once this
-            # iteration's iter_stats (and eval_heads) below are out, which is where stage0's checkpoint has it
-            state["link"] = link.sequence(ahead=1 + (msgs[0].header.get("eval") is True))
+        # Where a resume numbers on, once this iteration's iter_stats (and eval_heads) below are out, which is
+        # where stage0's checkpoint has it: one stage0's link, or a fleet's by place (``places``)
+        ahead = [1 + (msg.header.get("eval") is True) for msg in msgs]
+        if isinstance(link, Transport):
+            state["link"] = link.sequence(ahead=ahead[0])
+        elif places is not None:
+            state["links"] = {str(p): each.sequence(ahead=n) for p, each, n in zip(places, links, ahead)}
         run_log.checkpoint(STAGE1, iteration, state)
     stats["cpu/stage1"] = time.process_time() - cpu_start
     heads = None

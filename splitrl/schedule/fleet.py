@@ -312,7 +312,8 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, roster: Roster, run
         sources = [g for g, _ in ends if roster.alive[g]][:SOURCES] if joiners else []
         extras = [{"share_encoder": True} if g in sources else {} for g, _ in ends]
         stage1_finish(learner, exchange, [roster.link(g) for g, _ in ends], busy, iteration, order, run_log,
-                      cpu_start, rollout, msgs=[msg for _, msg in ends], extras=extras)
+                      cpu_start, rollout, msgs=[msg for _, msg in ends], extras=extras,
+                      places=[roster.first + g for g, _ in ends])
         if joiners:
             roster.welcome(joiners, sources, iteration, StateCheck(fleet or {}, learner.limits, iteration,
                                                                    iteration * s.steps_per_iteration))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import torch
 
@@ -249,7 +249,7 @@ class Roster:
         for g in self.admit(0, START_GRACE, want=len(self.links)):
             self.alive[g] = True
 
-    def resume(self, ours: Sequence[int]) -> int:
+    def resume(self, ours: Sequence[int], load: Callable[[int], Mapping[str, Any]] | None = None) -> int:
         """A resumed fleet, once started: the iteration it goes on after, sent to each edge (``resume``).
 
         That is the newest of stage1's checkpoints (``ours``) that at least ``min_edges`` of the edges in hold
@@ -257,7 +257,11 @@ class Roster:
         hellos first and learn the point only now: an edge may lack the newest (interrupted while it wrote it) or
         hold only old ones (one dropped earlier in the run, whose directory stopped there). An edge without the
         point, or whose hello has no ``checkpoints`` (started without --resume), is dropped as `lose` does; no
-        such point at all is a `HandshakeError` rather than a silent start from scratch."""
+        such point at all is a `HandshakeError` rather than a silent start from scratch.
+
+        ``load(iteration)``, called once a point other than 0 is chosen, gives stage1's checkpoint of it: where its
+        ``links`` holds a place's link position (`common.stage1_finish`), that place numbers on from it, and the
+        edge's ``resume`` carries the edge's side of it (docs/PROTOCOL.md sections 6 and 15)."""
         held: dict[int, set[int]] = {}
         for g in self.live():
             theirs = self.hellos.get(g, {}).get("checkpoints")
@@ -284,8 +288,15 @@ class Roster:
                 self.lose(g, HandshakeError(f"edge {self.first + g} has no checkpoint of iteration {iteration}, where "
                                             f"the fleet resumes (it has {sorted(mine) or 'none'}): start it without "
                                             "--resume in a fresh run directory to join after an iteration"))
+        positions = (load(iteration).get("links") or {}) if iteration and load is not None else {}
         for g in self.live():
-            self.send(g, "resume", header={"iteration": iteration})
+            ours_at = positions.get(str(self.first + g))
+            if ours_at is None:
+                self.send(g, "resume", header={"iteration": iteration})
+                continue
+            theirs = {"sent": ours_at["received"], "received": ours_at["sent"]}
+            self.send(g, "resume", header={"iteration": iteration, "link": theirs})
+            self.links[g].go_on_from(ours_at)
         return iteration
 
     def welcome(self, joiners: list[int], sources: Sequence[int], iteration: int,
@@ -328,3 +339,6 @@ class _RosterLink:
 
     def send(self, kind: str, tensors: Any = None, header: dict[str, Any] | None = None) -> None:
         self.roster.send(self.g, kind, tensors, header)
+
+    def sequence(self, ahead: int = 0) -> dict[str, int]:
+        return self.roster.links[self.g].sequence(ahead)

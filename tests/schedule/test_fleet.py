@@ -119,7 +119,8 @@ def _fleet_run(spawn, run_dir, *args, edges=2):
 
 def test_a_fleet_run_resumed_ends_bit_for_bit_where_it_would_have(tmp_path, spawn, two_edges_two_iterations):
     """`splitrl run --edges 2` for 3 iterations, against 2 iterations and then --resume to 3: stage1 and each
-    edge go on from their checkpoints of iteration 2 (each edge from its own run directory)."""
+    edge go on from their checkpoints of iteration 2 (each edge from its own run directory), and so do the link's
+    byte counters (each place numbered on from stage1's checkpoint)."""
     three = [a if a != "128" else "192" for a in ONE_ENV_EACH]
     assert three != ONE_ENV_EACH
     args = ["--edges", "2", *LINK]
@@ -129,12 +130,17 @@ def test_a_fleet_run_resumed_ends_bit_for_bit_where_it_would_have(tmp_path, spaw
     code, out = spawn("run", "--resume", str(resumed), *three, *args).finish(timeout=300)
     assert code == 0, out
     assert "resuming the fleet after iteration 2" in out and out.count("[stage0] resuming after iteration 2") == 2
-    heads = [load_checkpoint(run, "stage1", 3)["heads"] for run in (straight, resumed)]
-    assert all(torch.equal(heads[0][name], heads[1][name]) for name in heads[0])
+    ends = [load_checkpoint(run, "stage1", 3) for run in (straight, resumed)]
+    assert all(torch.equal(ends[0]["heads"][name], ends[1]["heads"][name]) for name in ends[0]["heads"])
+    # Numbered on: each place's sequence position is the straight run's (here every number fits in frame 0's
+    # byte either way, so the counters alone would not tell).
+    assert ends[0]["links"] == ends[1]["links"] and set(ends[0]["links"]) == {"0", "1"}
     for k in range(2):
-        nets = [load_checkpoint(run / f"edge-{k}", "stage0", 3)["net"] for run in (straight, resumed)]
-        assert all(torch.equal(nets[0][name], nets[1][name]) for name in nets[0])
-        rows = [[{key: v for key, v in r.items() if not key.startswith(("time/", "cpu/", "net", "charts/SPS"))}
+        edges = [load_checkpoint(run / f"edge-{k}", "stage0", 3) for run in (straight, resumed)]
+        assert all(torch.equal(edges[0]["net"][name], edges[1]["net"][name]) for name in edges[0]["net"])
+        assert edges[0]["link"] == edges[1]["link"] == {"sent": ends[0]["links"][str(k)]["received"],
+                                                        "received": ends[0]["links"][str(k)]["sent"]}
+        rows = [[{key: v for key, v in r.items() if not key.startswith(("time/", "cpu/", "charts/SPS"))}
                  for r in _rows(run / f"edge-{k}" / "metrics.jsonl")] for run in (straight, resumed)]
         assert rows[0] == rows[1] and [r["iteration"] for r in rows[1]] == [1, 2, 3]
 

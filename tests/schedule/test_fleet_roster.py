@@ -38,6 +38,25 @@ def test_a_resumed_fleet_starts_from_the_newest_iteration_stage1_and_every_edge_
         roster.resume([4, 5])
 
 
+def test_a_resumed_fleets_places_number_on_from_stage1s_checkpoint():
+    """Stage1's checkpoint keeps each place's link position: the place numbers on from it and the edge is told
+    its side of it; a place the checkpoint does not know (no edge there then) starts from 1."""
+    from splitrl.schedule.roster import Roster
+    from splitrl.transport.local import LocalTransport
+
+    pairs = [LocalTransport.pair("stage1", "stage0", timeout=5) for _ in range(2)]
+    roster = Roster([a for a, _ in pairs], {})
+    roster.alive = [True, True]
+    roster.hellos = {0: {"checkpoints": [4]}, 1: {"checkpoints": [4]}}
+    asked = []
+    state = {"links": {"0": {"sent": 300, "received": 200}}}
+    assert roster.resume([4], lambda point: asked.append(point) or state) == 4 and asked == [4]
+    told = [edge.recv(timeout=1).header for _, edge in pairs]
+    assert told == [{"iteration": 4, "link": {"sent": 200, "received": 300}}, {"iteration": 4}]
+    assert pairs[0][0].sequence() == {"sent": 300, "received": 200}
+    assert pairs[1][0].sequence()["sent"] < 10
+
+
 def test_a_stale_edge_does_not_send_a_resumed_fleet_back_to_the_start():
     """An edge dropped earlier in the run kept only old checkpoints: the fleet goes on from the newest point
     --min-edges of them hold, without it; no such point is an error, not a silent start from scratch."""
