@@ -112,7 +112,7 @@ def stage_argv(settings: TrainSettings, options: RunOptions, *, absolute: bool =
     except SettingsError as exc:  # every problem at once, the devices' too
         raise SettingsError("\n  - ".join([str(exc), *devices])) from None
     if devices:
-        raise SettingsError("invalid settings:\n  - " + "\n  - ".join(devices))
+        raise SettingsError(SettingsError.HEAD + "\n  - ".join(devices))
     run_dir = options.resume or options.run_dir or default_run_dir(settings.env.env_id)
     if absolute:
         run_dir = os.path.abspath(run_dir)

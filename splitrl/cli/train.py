@@ -75,10 +75,15 @@ def run(settings: TrainSettings, options: RunOptions, endpoint: str | None) -> N
     """Split training on this machine: stage1 and stage0 as two processes over loopback (a stage0 per edge with
     --edges N, each in RUN_DIR/edge-K)."""
     from ..launch import launch_split
+    from ..runner.precheck import first_problems
     from .fork import preforked
-    from ..runner.rundir import LAUNCHER, check
 
     def go() -> int:
+        # The env id and the run directory are checked before torch loads (a fraction of a second); then all.
+        problems = first_problems(settings, options, "stage1")
+        if problems:
+            raise SettingsError.of(problems)
+        from ..runner.rundir import LAUNCHER, check
         # Every problem either stage would find is found here at once, before either starts; one torch thread
         # builds the network to check faster on a busy machine than several. Then the stages are forked from
         # here (they share this process's imports), with torch's thread count as it was.

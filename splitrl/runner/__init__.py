@@ -5,6 +5,7 @@ not: the run directory, the link, the handshake, resuming, joining, and stopping
 a file:
 
 - `rundir`: the run directory checked and prepared before any socket opens; where a resumed run goes on;
+- `precheck`: the part of that check which needs neither torch nor an env built, made first by `splitrl run`;
 - `links`: the link as ``--transport`` chooses it, and the check before it reaches beyond this machine;
 - `joining`: a fleet's edge finding its place at stage1, a stage1 its place among the learners;
 - `build`: the `Edge`, the `Learner` and the schedule the settings ask for;
@@ -13,12 +14,31 @@ a file:
 - `twin`: both stages in one process over an in-process link.
 """
 
-from .build import make_edge, make_learner
-from .links import open_link
-from .rundir import prepare
-from .stage0 import run_stage0, serve_stage0
-from .stage1 import run_stage1, serve_stage1
-from .twin import train_twin
+from __future__ import annotations
 
-__all__ = ["prepare", "open_link", "make_edge", "make_learner", "serve_stage0", "serve_stage1", "run_stage0",
-           "run_stage1", "train_twin"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .build import make_edge, make_learner
+    from .links import open_link
+    from .rundir import prepare
+    from .stage0 import run_stage0, serve_stage0
+    from .stage1 import run_stage1, serve_stage1
+    from .twin import train_twin
+
+_LAZY = {"prepare": "rundir", "open_link": "links", "make_edge": "build", "make_learner": "build",
+         "serve_stage0": "stage0", "serve_stage1": "stage1", "run_stage0": "stage0", "run_stage1": "stage1",
+         "train_twin": "twin"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    """The names above load with their modules on first use (PEP 562): `precheck` imports no torch."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

@@ -19,14 +19,14 @@ import torch
 from ..devices import describe_device, resolve_device, use_device
 from ..envs import EnvSpec, inspect_env
 from ..models import agent
-from ..runs import (CONFIG_NAMES, RunLog, check_fresh, check_run_dir, default_run_dir, intact_checkpoints,
-                    read_metrics, saved_config)
+from ..runs import CONFIG_NAMES, RunLog, default_run_dir, intact_checkpoints, read_metrics, saved_config
 from ..settings import RunOptions, SettingsError, TrainSettings
 from ..settings.specs import AUTO_MODEL, AUTO_MODELS
 from ..stages import STAGE0, STAGE1
 from ..transport import ProtocolError
 from ..transport.errors import peer_repr
 from ..transport.handshake import HandshakeError
+from .precheck import run_dir_problem, setting_problems
 from .tracking import WandbTracker
 
 __all__ = ["prepare", "check", "resume_point", "recorded_checkpoints"]
@@ -82,11 +82,7 @@ def check(settings: TrainSettings, options: RunOptions, role: str) -> tuple[Trai
     directory (one to write, a fresh one unless --overwrite, a resumed one whose settings are these). Every
     problem in one SettingsError. Returns the settings as they run (`TrainSettings.for_observation`), the env's
     spec and the run directory."""
-    problems = []
-    try:
-        settings.validate(options)
-    except SettingsError as exc:
-        problems += str(exc).removeprefix("invalid settings:\n  - ").split("\n  - ")
+    problems = setting_problems(settings, options)
     # A stage process is told its device with --device (or --ROLE-device); the twin, with both --ROLE-device.
     problems += options.device_errors(*_stages(role), option=None if role in ("twin", LAUNCHER) else "--device")
     spec = None
@@ -104,16 +100,17 @@ def check(settings: TrainSettings, options: RunOptions, role: str) -> tuple[Trai
                 raise
             # an invalid setting above is why the network could not be built
     run_dir = options.resume or options.run_dir or default_run_dir(settings.env.env_id)
-    try:
-        check_run_dir(run_dir, "--resume" if options.resume else "--run-dir")
-        if options.resume and spec is not None:
-            _check_resumable(run_dir, STAGE1 if role == LAUNCHER else role, settings.for_observation(spec.observation))
-        elif not options.resume and not options.overwrite:
-            check_fresh(run_dir)
-    except SettingsError as exc:
-        problems.append(str(exc))
-    if problems:  # one problem in one line; several, one a line
-        raise SettingsError(problems[0] if len(problems) == 1 else "invalid settings:\n  - " + "\n  - ".join(problems))
+    stage = STAGE1 if role == LAUNCHER else role
+    problem = run_dir_problem(settings, options, stage)
+    if problem is None and options.resume and spec is not None:
+        try:
+            _check_resumable(run_dir, stage, settings.for_observation(spec.observation))
+        except SettingsError as exc:
+            problem = str(exc)
+    if problem is not None:
+        problems.append(problem)
+    if problems:
+        raise SettingsError.of(problems)
     assert spec is not None  # an env that could not be inspected is among the problems
     if settings.model == AUTO_MODEL and role != LAUNCHER:
         log.info("[%s] model: %s (--model %s, for %s observations)", role, AUTO_MODELS[spec.observation],

@@ -326,7 +326,7 @@ class TrainSettings:
         if options is not None:
             problems += options.errors() + rule_errors("launch", self, options)
         if problems:
-            raise SettingsError("invalid settings:\n  - " + "\n  - ".join(problems))
+            raise SettingsError(SettingsError.HEAD + "\n  - ".join(problems))
         return self
 
     def shared(self) -> dict[str, Any]:

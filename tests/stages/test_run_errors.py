@@ -51,11 +51,36 @@ def test_each_bad_input_is_one_line_before_any_stage_starts(tmp_path, launches, 
 def test_several_bad_inputs_are_one_line_each_at_once(tmp_path, launches):
     a_file = tmp_path / "a-file"
     a_file.write_text("")
-    result = splitrl_here("run", *TINY, "--num-envs", "0", "--cut", "bogus", "--run-dir", str(a_file), code=2)
+    result = splitrl_here("run", *TINY, "--num-envs", "0", "--cut", "bogus", "--run-dir", str(tmp_path / "run"),
+                          code=2)
     lines = result.stderr.splitlines()
-    assert lines[0] == "error: invalid settings:" and len(lines) == 4 and launches == []
-    for words in ("--num-envs", "cut 'bogus'", "is a file"):
+    assert lines[0] == "error: invalid settings:" and len(lines) == 3 and launches == []
+    for words in ("--num-envs", "cut 'bogus'"):
         assert sum(words in line for line in lines) == 1
+    # The env id and the run directory are told first, together, before torch loads (below)
+    result = splitrl_here("run", *TINY, "--num-envs", "0", "--env-id", "NoSuchEnv-v0", "--run-dir", str(a_file),
+                          code=2)
+    lines = result.stderr.splitlines()
+    assert lines[0] == "error: invalid settings:" and len(lines) == 3 and launches == []
+    for words in ("--env-id 'NoSuchEnv-v0'", "is a file"):
+        assert sum(words in line for line in lines) == 1
+
+
+@pytest.mark.parametrize("case", ["env id", "run dir that is a file", "resume dir"])
+def test_a_wrong_env_id_or_run_directory_is_told_before_torch_loads(tmp_path, case):
+    """These are told in a fraction of a second: the launcher checks them before it imports torch (1.5-4 s of
+    a cold start on a loaded machine), and the rest of the check after."""
+    import subprocess
+    import sys
+
+    args, words = _bad_inputs(tmp_path)[case]
+    run_dir = [] if "--run-dir" in args or "--resume" in args else ["--run-dir", str(tmp_path / "run")]
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "splitrl", "run", *TINY, *run_dir, *args],
+                          capture_output=True, text=True, timeout=120)
+    imported = [line.rpartition("|")[2].strip() for line in done.stderr.splitlines() if line.startswith("import time")]
+    told = [line for line in done.stderr.splitlines() if not line.startswith("import time")]
+    assert done.returncode == 2 and len(told) == 1 and words in told[0], done.stderr[-2000:]
+    assert "click" in imported and "torch" not in imported
 
 
 def test_a_bad_input_is_said_once_by_the_launcher_and_no_stage_starts(tmp_path, spawn):
