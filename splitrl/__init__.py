@@ -14,7 +14,8 @@ The layers, top to bottom (each imports only those below it; tests/test_layers.p
   a tiny env of Dict observations it registers, and `carracing`, CarRacing's road drawn for less CPU);
 - `codecs`, `ppo`, `transport`, `netem`;
 - `runs`, `checkpoints` (data only, read without running code), `launch`, `errors`, `units`, `devices` (where a
-  stage computes, and the crossings between the wire's host memory and that device).
+  stage computes, and the crossings between the wire's host memory and that device), `lazy` (a package's names
+  loaded on first use).
 
 Names: stage0 and stage1 are the two roles (commands, the wire's roles, the files a run writes); the edge and
 the server are the machines they run on.

@@ -16,8 +16,9 @@ a file:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from .build import make_edge, make_learner
@@ -33,12 +34,4 @@ _LAZY = {"prepare": "rundir", "open_link": "links", "make_edge": "build", "make_
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    """The names above load with their modules on first use (PEP 562): `precheck` imports no torch."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

@@ -6,9 +6,9 @@ the errors does not import torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ..lazy import lazy_getattr
 from .errors import PeerAbort, PeerGone, ProtocolError, TransportClosed, TransportTimeout
 
 if TYPE_CHECKING:
@@ -25,11 +25,4 @@ _LAZY = {
 
 __all__ = sorted([*_LAZY, "PeerAbort", "PeerGone", "ProtocolError", "TransportClosed", "TransportTimeout"])
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
