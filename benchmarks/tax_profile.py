@@ -7,7 +7,8 @@ Runs `splitrl run` (the paper's configuration unless options follow ``--``) unde
 each process (stage0, stage1, the env workers) the CPU seconds of each part: the ones `splitrl bench floor` times
 alone (env steps, the networks' forwards and backwards, the optimizers' steps) and those around them (codecs and
 framing, the transport, rollout storage and GAE, the schedule's own Python). A sample is put in the part of the
-innermost frame that names one (`PARTS`, checked from the leaf up), so a forward inside a codec is the codec's.
+innermost frame that names one (`PARTS`, checked from the leaf up), but a codec, the framing, the transport and
+the start-up hold what runs below them (a forward inside a codec is the codec's).
 The first iteration (start-up: imports, the env's first reset, the handshake) is in the figures too: compare
 runs of the same length. Prints a markdown table and one JSON object.
 """
@@ -48,17 +49,25 @@ ACTING = ("_rollout", "act_groups", "Edge.encode", "Evaluation.run")
 """Frames of the rollout (or an evaluation): a forward under one is acting, not training."""
 
 
+AROUND = ("start-up", "codec", "framing", "transport")
+"""Parts that hold the computation below them: a forward inside a codec (a learned one) is the codec's."""
+
+
 def part_of(frames: list[str]) -> str:
-    """The part of one sample's stack (root first, as py-spy's raw format writes it)."""
+    """The part of one sample's stack (root first, as py-spy's raw format writes it): the innermost frame of one of
+    the `AROUND` parts, else the innermost frame that names any part."""
+    texts = []
     for frame in reversed(frames):
         m = _FRAME.match(frame)
         text = f"{m.group('func')} ({m.group('file').split('site-packages/')[-1]})" if m else frame
-        text = re.sub(r"\(/.*?/(splitrl/)", r"(\1", text)
-        for part, patterns in PARTS:
-            if any(p in text for p in patterns):
-                if part == "forward":
-                    return "forward, acting" if any(a in f for f in frames for a in ACTING) else "forward, training"
-                return part
+        texts.append(re.sub(r"\(/.*?/(splitrl/)", r"(\1", text))
+    for around in (True, False):
+        for text in texts:
+            for part, patterns in PARTS:
+                if (part in AROUND) == around and any(p in text for p in patterns):
+                    if part == "forward":
+                        return "forward, acting" if any(a in t for t in texts for a in ACTING) else "forward, training"
+                    return part
     return "other"
 
 

@@ -1,0 +1,28 @@
+"""benchmarks/tax_profile.py puts each py-spy sample in one part of one process."""
+
+from benchmarks.tax_profile import account, part_of, table
+
+LAUNCHER = 'process 7:"python -m splitrl run --run-dir r"'
+STAGE0 = [LAUNCHER, "serve_stage0 (/x/splitrl/runner/stage0.py:86)", "stage0_loop (/x/splitrl/schedule/sync.py:40)"]
+STAGE1 = ['process 9:"python -m splitrl stage1 --bind x"', "serve_stage1 (/x/splitrl/runner/stage1.py:56)"]
+
+
+def test_a_sample_goes_to_the_innermost_part_and_its_process():
+    rollout = [*STAGE0, "stage0_rollout (/x/splitrl/schedule/sync.py:60)", "Edge.observe (/x/splitrl/stages/edge.py:1)"]
+    raw = "\n".join([
+        ";".join([*rollout, "Module._call_impl (/v/site-packages/torch/nn/modules/module.py:1789)"]) + " 30",
+        ";".join([*STAGE0, "stage0_train (/x/splitrl/schedule/training.py:85)",
+                  "Module._call_impl (/v/site-packages/torch/nn/modules/module.py:1789)"]) + " 50",
+        # a codec's forward is the codec's: the innermost frame that names a part wins
+        ";".join([*STAGE0, "CodecSet.pack (/x/splitrl/codecs/base.py:10)",
+                  "Module._call_impl (/v/site-packages/torch/nn/modules/module.py:1789)"]) + " 20",
+        ";".join([*STAGE1, "Transport.recv (/x/splitrl/transport/base.py:3)",
+                  "ZmqTransport._poll (/x/splitrl/transport/zmq_transport.py:4)"]) + " 10",
+        ";".join([*STAGE1, "learn (/x/splitrl/stages/learner.py:5)"]) + " 40",
+    ])
+    accounted = account(raw, rate=10.0)
+    assert accounted == {"stage0": {"forward, training": 5.0, "forward, acting": 3.0, "codec": 2.0},
+                         "stage1": {"schedule and stages": 4.0, "transport": 1.0}}
+    assert part_of(["PyEval (libpython)"]) == "other"
+    lines = table(accounted).splitlines()
+    assert lines[0] == "| part | stage0 | stage1 | all |" and lines[-1] == "| all | 10.0 | 5.0 | 15.0 |"
