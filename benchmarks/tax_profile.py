@@ -92,9 +92,10 @@ def account(raw: str, rate: float) -> dict[str, dict[str, float]]:
         frames = stack.split(";")
         role = role_of(frames[0]) if frames[0].startswith("process ") else "?"
         # a forked stage keeps its launcher's command line: its thread names the stage's loop
-        if role == "launcher" and any("serve_stage0" in f for f in frames):
+        if role == "launcher" and any(f.startswith(("serve_stage0 ", "run_stage0 ")) for f in frames):
             role = "stage0"
-        elif role == "launcher" and any("serve_stage1" in f or "serve_fleet" in f for f in frames):
+        elif role == "launcher" and any(f.startswith(("serve_stage1 ", "run_stage1 ", "serve_fleet ",
+                                                      "_run_fleet_stage1 ")) for f in frames):
             role = "stage1"
         elif role == "launcher" and any("_async_worker" in f or "worker" in f.lower() and "gymnasium" in f
                                         for f in frames):
@@ -119,7 +120,7 @@ def table(accounted: dict[str, dict[str, float]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--iterations", type=int, default=2, help="of 4,096 steps (or give --total-steps after --)")
     parser.add_argument("--rate", type=float, default=100.0, help="py-spy's samples a second")
     parser.add_argument("--out", default=None, help="keep the run directory and the raw profile here")
     parser.add_argument("--raw", default=None, help="account for a raw py-spy profile already taken")
@@ -133,8 +134,9 @@ def main() -> None:
             raise SystemExit("py-spy is not installed: pip install py-spy")
         out = Path(args.out or tempfile.mkdtemp(prefix="splitrl-tax-"))
         out.mkdir(parents=True, exist_ok=True)
-        run = [sys.executable, "-m", "splitrl", "run", "--run-dir", str(out / "run"), "--overwrite",
-               "--total-steps", str(4096 * args.iterations), "--checkpoint-every", "0", *args.run_args]
+        length = [] if "--total-steps" in args.run_args else ["--total-steps", str(4096 * args.iterations)]
+        run = [sys.executable, "-m", "splitrl", "run", "--run-dir", str(out / "run"), "--overwrite", *length,
+               "--checkpoint-every", "0", *args.run_args]
         profile = out / "profile.raw"
         subprocess.run([spy, "record", "--subprocesses", "--rate", f"{args.rate:g}", "--format", "raw",
                         "--output", str(profile), "--", *run], check=True)

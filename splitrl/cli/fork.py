@@ -35,7 +35,7 @@ def preload_stage(env_id: str | None = None) -> None:
     import gymnasium
     import zmq  # noqa: F401
 
-    from .. import runner  # noqa: F401
+    from ..runner import build, stage0, stage1  # noqa: F401  (the package loads its modules lazily)
 
     if env_id:
         import importlib

@@ -79,12 +79,13 @@ def run(settings: TrainSettings, options: RunOptions, endpoint: str | None) -> N
     from .fork import preforked
 
     def go() -> int:
-        # The env id and the run directory are checked before torch loads (a fraction of a second); then all.
+        # The env id and the run directory are checked before torch loads, and told at once (a fraction of a
+        # second) if wrong; once they pass, every other problem either stage would find is found here.
         problems = first_problems(settings, options, "stage1")
         if problems:
             raise SettingsError.of(problems)
         from ..runner.rundir import LAUNCHER, check
-        # Every problem either stage would find is found here at once, before either starts; one torch thread
+        # Every problem either stage would find is found here, before either starts; one torch thread
         # builds the network to check faster on a busy machine than several. Then the stages are forked from
         # here (they share this process's imports), with torch's thread count as it was.
         import torch

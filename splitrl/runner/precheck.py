@@ -7,7 +7,9 @@ follows when they pass."""
 from __future__ import annotations
 
 import gymnasium as gym
+from gymnasium.envs.registration import _find_spec
 
+from .. import envs  # noqa: F401  (registers splitrl's own envs, as making one would)
 from ..runs import CONFIG_NAMES, check_fresh, check_run_dir, default_run_dir, saved_config
 from ..settings import EnvSettings, RunOptions, SettingsError, TrainSettings
 
@@ -29,10 +31,11 @@ def setting_problems(settings: TrainSettings, options: RunOptions) -> list[str]:
 
 
 def env_id_problem(env: EnvSettings) -> str | None:
-    """The env id is not one gymnasium has registered (`gymnasium.spec`; making the env checks the rest)."""
+    """The env id names no env gymnasium can make: looked up as `gymnasium.make` looks it up (a ``module:`` prefix
+    imported, no version the newest), without making it (the whole check does, and checks the rest)."""
     try:
-        gym.spec(env.env_id)
-    except gym.error.Error as exc:
+        _find_spec(env.env_id)
+    except (gym.error.Error, ImportError) as exc:
         return f"--env-id {env.env_id!r}: {exc}"
     return None
 

@@ -81,8 +81,13 @@ def serve_fleet(learner: Learner, links: list[Transport], settings: TrainSetting
         roster.start(start_timeout if start_timeout is not None else RunOptions().start_timeout)
         if resume:
             state: dict[str, Any] = {}
-            iteration = roster.resume(ours, lambda point: state.update(load_checkpoint(run_log.dir, STAGE1, point))
-                                      or state)
+
+            def load(point: int) -> dict[str, Any]:
+                assert run_log is not None  # stage1 holds checkpoints of ``point``
+                state.update(load_checkpoint(run_log.dir, STAGE1, point))
+                return state
+
+            iteration = roster.resume(ours, load)
             if iteration:
                 learner.load_state_dict(state)
                 exchange.load_state_dict(state["exchange"])

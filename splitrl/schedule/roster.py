@@ -296,7 +296,8 @@ class Roster:
                 continue
             theirs = {"sent": ours_at["received"], "received": ours_at["sent"]}
             self.send(g, "resume", header={"iteration": iteration, "link": theirs})
-            self.links[g].go_on_from(ours_at)
+            if self.alive[g]:  # a place lost on the way starts its next session from 0
+                self.links[g].go_on_from(ours_at)
         return iteration
 
     def welcome(self, joiners: list[int], sources: Sequence[int], iteration: int,

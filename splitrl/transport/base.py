@@ -17,13 +17,16 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from .errors import PeerAbort, PeerGone, ProtocolError, TransportClosed, TransportTimeout, peer_text
+from .errors import PeerAbort, PeerGone, ProtocolError, TransportClosed, TransportTimeout, peer_repr, peer_text
 from .fastwire import FastWire
 from .wire import _MAX_SEQ, ABORT_KIND, HELLO_KIND, Message, WireLimits, frame_nbytes, session_of
 
 __all__ = ["Transport", "Watch", "ByteMeter", "MeterEntry", "INVALID_KIND", "STRANGER_KIND", "WAITING_LINE_EVERY"]
 
 log = logging.getLogger(__name__)
+
+_RESUME_SEQ = (_MAX_SEQ + 1) // 2
+"""The largest position a resumed session numbers on from: it leaves as many numbers again to count."""
 
 INVALID_KIND = "_invalid"
 """Meter key for received frames that did not decode (not a legal kind, so it cannot collide)."""
@@ -174,6 +177,8 @@ class Transport(ABC):
             if msg is not None:
                 break
             budget = max(0.001, deadline - time.monotonic())
+        if msg.kind == ABORT_KIND:  # the peer's last word, whatever its number (it may not have numbered on yet)
+            raise PeerAbort(f"{self.peer} stopped: {peer_text(msg.header.get('reason', 'no reason given'), 2000)}")
         expected = self._recv_seq
         if msg.seq >= expected:  # after a gap, resynchronise; a replay must not rewind
             self._recv_seq = msg.seq + 1
@@ -182,8 +187,6 @@ class Transport(ABC):
             raise ProtocolError(
                 f"from {self.peer}: sequence number: expected {expected}, got {msg.seq} ({what}); message dropped"
             )
-        if msg.kind == ABORT_KIND:
-            raise PeerAbort(f"{self.peer} stopped: {peer_text(msg.header.get('reason', 'no reason given'), 2000)}")
         return msg
 
     def recv_opening(self, kind: str, timeout: float | None = None) -> Message:
@@ -271,8 +274,8 @@ class Transport(ABC):
         its messages then cost on the link what the uninterrupted run's did (a larger number can take more
         bytes). Both sides do it from their checkpoints of the same iteration; `ValueError` for a bad position."""
         sent, received = (position.get("sent"), position.get("received")) if isinstance(position, Mapping) else (0, 0)
-        if not all(type(n) is int and 1 <= n <= _MAX_SEQ for n in (sent, received)):
-            raise ValueError(f"a link's sequence position must be two ints in [1, 2**63), got {position!r}")
+        if not all(type(n) is int and 1 <= n <= _RESUME_SEQ for n in (sent, received)):
+            raise ValueError(f"a link's sequence position must be two ints in [1, 2**62], got {peer_repr(position)}")
         self._send_seq, self._recv_seq = sent, received
 
     def new_session(self) -> None:

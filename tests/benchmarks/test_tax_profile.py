@@ -13,7 +13,7 @@ def test_a_sample_goes_to_the_innermost_part_and_its_process():
         ";".join([*rollout, "Module._call_impl (/v/site-packages/torch/nn/modules/module.py:1789)"]) + " 30",
         ";".join([*STAGE0, "stage0_train (/x/splitrl/schedule/training.py:85)",
                   "Module._call_impl (/v/site-packages/torch/nn/modules/module.py:1789)"]) + " 50",
-        # a codec's forward is the codec's: the innermost frame that names a part wins
+        # a codec's forward is the codec's: a codec, the framing or the transport holds what runs below it
         ";".join([*STAGE0, "CodecSet.pack (/x/splitrl/codecs/base.py:10)",
                   "Module._call_impl (/v/site-packages/torch/nn/modules/module.py:1789)"]) + " 20",
         ";".join([*STAGE1, "Transport.recv (/x/splitrl/transport/base.py:3)",

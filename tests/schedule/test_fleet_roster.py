@@ -13,7 +13,7 @@ from splitrl.launch import free_port
 from splitrl.runs import load_checkpoint
 from splitrl.settings import EnvSettings, PPOSettings, RunOptions, ScheduleSettings, TrainSettings
 from splitrl.stages import Learner
-from splitrl.transport import Message, PeerAbort
+from splitrl.transport import Message, PeerAbort, PeerGone
 
 from .test_fleet import LINK, _first_row, _rows
 from .test_schedules import TWO_ENVS
@@ -55,6 +55,14 @@ def test_a_resumed_fleets_places_number_on_from_stage1s_checkpoint():
     assert told == [{"iteration": 4, "link": {"sent": 200, "received": 300}}, {"iteration": 4}]
     assert pairs[0][0].sequence() == {"sent": 300, "received": 200}
     assert pairs[1][0].sequence()["sent"] < 10
+    # A place lost as it is told starts its next session from 0, not from the checkpoint's position
+    pairs = [LocalTransport.pair("stage1", "stage0", timeout=5) for _ in range(2)]
+    roster = Roster([a for a, _ in pairs], {}, min_edges=1)
+    roster.alive = [True, True]
+    roster.hellos = {0: {"checkpoints": [4]}, 1: {"checkpoints": [4]}}
+    pairs[0][0].send = lambda *args, **kwargs: (_ for _ in ()).throw(PeerGone("edge 0 vanished"))
+    roster.resume([4], lambda point: state)
+    assert roster.alive == [False, True] and pairs[0][0].sequence() == {"sent": 0, "received": 0}
 
 
 def test_a_stale_edge_does_not_send_a_resumed_fleet_back_to_the_start():

@@ -1,5 +1,6 @@
-"""One error, once, at once: `splitrl run` finds every problem either stage would before it starts one; a problem
-found later is printed once, by the stage that found it, without a usage line for a command nobody typed."""
+"""One error, once, at once: `splitrl run` finds every problem either stage would before it starts one (a wrong env
+id or run directory first, before torch loads; then every other, together); a problem found later is printed once,
+by the stage that found it, without a usage line for a command nobody typed."""
 
 import os
 import time
@@ -146,3 +147,13 @@ def test_the_launcher_tells_its_stages_they_are_supervised(monkeypatch, tmp_path
     assert launch_split(["--run-dir", str(tmp_path)], str(tmp_path)) == 0
     assert len(envs) == 2 and all(env[SUPERVISED_ENV] == "1" for env in envs)
     assert SUPERVISED_ENV not in os.environ
+
+
+@pytest.mark.parametrize("env_id", ["splitrl/PickByCue-v0", "CartPole", "gymnasium.envs.classic_control:CartPole-v1"])
+def test_the_early_check_finds_an_env_as_making_it_would(env_id):
+    """splitrl's own envs, an id without its version (the newest), a ``module:`` prefix (imported first)."""
+    from splitrl.runner.precheck import env_id_problem
+    from splitrl.settings import EnvSettings
+
+    assert env_id_problem(EnvSettings(env_id=env_id)) is None
+    assert "no_such_module" in env_id_problem(EnvSettings(env_id="no_such_module:Env-v0"))

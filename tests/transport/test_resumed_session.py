@@ -10,7 +10,7 @@ import msgpack
 import pytest
 import torch
 
-from splitrl.transport import ProtocolError
+from splitrl.transport import PeerAbort, ProtocolError
 from splitrl.transport import handshake as handshake_module
 from splitrl.transport.base import ByteMeter
 from splitrl.transport.handshake import answer_hello, handshake, new_session
@@ -63,13 +63,24 @@ def test_a_side_that_numbers_on_alone_shows_as_a_gap():
         stage1.recv(timeout=T)
 
 
+def test_an_abort_is_the_peers_last_word_whatever_its_number():
+    """A peer that refuses a resumed session's opening aborts before it numbers on: its reason still comes through
+    (not a sequence error that hides it)."""
+    stage0, stage1 = _session()
+    stage1.go_on_from({"sent": 300, "received": 200})
+    stage0.abort("resume: this edge has no checkpoint of iteration 4")
+    with pytest.raises(PeerAbort, match="no checkpoint of iteration 4"):
+        stage1.recv(timeout=T)
+
+
 def test_sequence_counts_the_messages_a_side_is_about_to_send():
     stage0, _ = _session()
     assert stage0.sequence(ahead=2) == {"sent": 3, "received": 1}
 
 
 @pytest.mark.parametrize("position", [{"sent": 0, "received": 1}, {"sent": 5}, {"sent": True, "received": 1},
-                                      {"sent": 2**63, "received": 1}, [5, 5], None])
+                                      {"sent": 2**63, "received": 1}, {"sent": 1, "received": 2**62 + 1},
+                                      [5, 5], None])
 def test_a_bad_position_is_a_value_error(position):
     stage0, _ = _session()
     with pytest.raises(ValueError, match="sequence position"):
