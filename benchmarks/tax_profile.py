@@ -90,7 +90,9 @@ def account(raw: str, rate: float) -> dict[str, dict[str, float]]:
         if not stack:
             continue
         frames = stack.split(";")
-        role = role_of(frames[0]) if frames[0].startswith("process ") else "?"
+        processes = [f for f in frames if f.startswith("process ")]  # each parent's, then the sampled one's
+        frames = frames[len(processes):]
+        role = role_of(processes[-1]) if processes else "?"
         # a forked stage keeps its launcher's command line: its thread names the stage's loop
         if role == "launcher" and any(f.startswith(("serve_stage0 ", "run_stage0 ")) for f in frames):
             role = "stage0"
@@ -100,7 +102,7 @@ def account(raw: str, rate: float) -> dict[str, dict[str, float]]:
         elif role == "launcher" and any("_async_worker" in f or "worker" in f.lower() and "gymnasium" in f
                                         for f in frames):
             role = "env workers"
-        seconds[role][part_of(frames[1:] if frames[0].startswith("process ") else frames)] += int(count) / rate
+        seconds[role][part_of(frames)] += int(count) / rate
     return {role: dict(parts.most_common()) for role, parts in sorted(seconds.items())}
 
 

@@ -30,7 +30,7 @@ import torch
 
 from ..envs import inspect_env, make_vector_env
 from ..models import agent
-from ..ppo import minibatch_schedule, ppo_loss
+from ..ppo import adam, minibatch_schedule, ppo_loss
 from ..settings import TrainSettings
 
 __all__ = ["PARTS", "EDGE_PARTS", "measure_floor", "floor_table"]
@@ -77,7 +77,7 @@ def _measure(settings: TrainSettings) -> dict[str, float]:
     settings = settings.for_observation(spec.observation)  # the model and image pipeline the run would resolve
     ppo, n, clock = settings.ppo, settings.env.num_envs, _Clock()
     encoder, heads = agent(settings, spec)
-    optimizers = [torch.optim.Adam(p, lr=lr, eps=1e-5) for p, lr in ((list(encoder.parameters()), ppo.lr_encoder),
+    optimizers = [adam(p, lr=lr) for p, lr in ((list(encoder.parameters()), ppo.lr_encoder),
                                                                      (list(heads.parameters()), ppo.lr_heads)) if p]
     generator = torch.Generator().manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)

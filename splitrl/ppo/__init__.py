@@ -4,6 +4,7 @@ from .buffer import RolloutBuffer, minibatch_schedule, shuffled_minibatches
 from .distributions import LOG_STD_MAX, LOG_STD_MIN, Categorical, TanhGaussian, clamp_log_std
 from .gae import compute_gae, importance_weights
 from .losses import LOSS_STATS, anneal, explained_variance, ppo_loss
+from .optimizer import adam
 
 __all__ = [
     "compute_gae",
@@ -17,6 +18,7 @@ __all__ = [
     "ppo_loss",
     "explained_variance",
     "anneal",
+    "adam",
     "RolloutBuffer",
     "minibatch_schedule",
     "shuffled_minibatches",

@@ -35,7 +35,7 @@ from ..codecs import CodecSet, Context
 from ..devices import to_device
 from ..envs import EnvSpec, batch
 from ..models import agent
-from ..ppo import anneal, minibatch_schedule
+from ..ppo import adam, anneal, minibatch_schedule
 from ..runs import EMA_DECAY, RunLog
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
@@ -81,7 +81,7 @@ class Edge:
         self.envs = EnvGroups(settings, vector)
         self.net = agent(settings, spec)[0].to(self.device)  # built on the CPU: the same weights on any device
         self.params = [p for p in self.net.parameters() if p.requires_grad]  # not an autoencoder's projection
-        self.optimizer = torch.optim.Adam(self.params, lr=settings.ppo.lr_encoder, eps=1e-5) if self.params else None
+        self.optimizer = adam(self.params, lr=settings.ppo.lr_encoder) if self.params else None
         self.policy: PolicyVersions[nn.Sequential] = PolicyVersions(self.net, acting_copy)
         """The encoder the rollout acts with and the published ones (`publish`, `adopt`)."""
         self.fleet = EdgeEncoder(self.net, self.optimizer, lambda: agent(settings, spec)[0])

@@ -1,0 +1,31 @@
+"""PPO's Adam steps all its tensors at once and computes what the one-tensor-at-a-time loop computes."""
+
+import torch
+
+from splitrl.ppo import adam
+
+
+def test_the_multi_tensor_adam_is_the_one_tensor_loop_bit_for_bit():
+    """The heads' shapes (a 4096-wide cut, two heads of 512) and a log-std with its own rate, 30 steps of gradients
+    of every scale: every parameter and every moment equal to torch's CPU default (``foreach=False``)."""
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(512, 4096), (512,), (1, 512), (1,), (512, 4096), (512,), (3, 512), (3,)]
+    start = [torch.randn(s, generator=generator) for s in shapes]
+    spread = torch.full((3,), -0.5)
+    grads = [[torch.randn(s, generator=generator) * 10.0 ** (k % 7 - 3) for s in [*shapes, (3,)]] for k in range(30)]
+
+    def run(make):
+        params = [torch.nn.Parameter(t.clone()) for t in [*start, spread]]
+        optimizer = make([{"params": params[:-1]}, {"params": params[-1:], "lr": 3e-4}])
+        for step in grads:
+            for p, g in zip(params, step):
+                p.grad = g.clone()
+            optimizer.step()
+        return params, optimizer.state_dict()["state"]
+
+    ours, ours_state = run(lambda groups: adam(groups, lr=1e-5))
+    loop, loop_state = run(lambda groups: torch.optim.Adam(groups, lr=1e-5, eps=1e-5, foreach=False))
+    assert all(torch.equal(a, b) for a, b in zip(ours, loop))
+    for k in loop_state:
+        assert all(torch.equal(ours_state[k][m], loop_state[k][m]) for m in ("exp_avg", "exp_avg_sq", "step"))
+    assert not torch.equal(ours[0], start[0])  # it stepped
