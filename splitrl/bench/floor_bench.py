@@ -77,7 +77,7 @@ def _measure(settings: TrainSettings) -> dict[str, float]:
     settings = settings.for_observation(spec.observation)  # the model and image pipeline the run would resolve
     ppo, n, clock = settings.ppo, settings.env.num_envs, _Clock()
     encoder, heads = agent(settings, spec)
-    optimizers = [adam(p, lr=lr) for p, lr in ((list(encoder.parameters()), ppo.lr_encoder),
+    optimizers = [adam(p, lr=lr, fused=ppo.fused_adam) for p, lr in ((list(encoder.parameters()), ppo.lr_encoder),
                                                                      (list(heads.parameters()), ppo.lr_heads)) if p]
     generator = torch.Generator().manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)

@@ -81,7 +81,8 @@ class Edge:
         self.envs = EnvGroups(settings, vector)
         self.net = agent(settings, spec)[0].to(self.device)  # built on the CPU: the same weights on any device
         self.params = [p for p in self.net.parameters() if p.requires_grad]  # not an autoencoder's projection
-        self.optimizer = adam(self.params, lr=settings.ppo.lr_encoder) if self.params else None
+        self.optimizer = (adam(self.params, lr=settings.ppo.lr_encoder, fused=settings.ppo.fused_adam)
+                          if self.params else None)
         self.policy: PolicyVersions[nn.Sequential] = PolicyVersions(self.net, acting_copy)
         """The encoder the rollout acts with and the published ones (`publish`, `adopt`)."""
         self.fleet = EdgeEncoder(self.net, self.optimizer, lambda: agent(settings, spec)[0])

@@ -51,7 +51,7 @@ class PPOUpdate:
         groups: list[dict] = [{"params": [p for p in params if p is not spread]}]
         if spread is not None and any(p is spread for p in params):  # its own group only when its rate is its own
             groups.append({"params": [spread], "lr": ppo.lr_log_std})
-        self.optimizer = adam(groups, lr=ppo.lr_heads)
+        self.optimizer = adam(groups, lr=ppo.lr_heads, fused=ppo.fused_adam)
         self.decoupled = DecoupledPPO()
         self.stats: dict[str, list[float]] = defaultdict(list)
         """Each minibatch's statistics (and anything else the iteration logs as a mean), by key."""
