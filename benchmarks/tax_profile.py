@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import re
 import shutil
@@ -42,6 +43,7 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
 ]
 """The parts a sample can fall in, innermost first; what matches none is 'other' (the interpreter, libraries)."""
 
+_PROCESS = re.compile(r"^process \d+:")
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>.*?)(?::\d+)?\)$")
 
 
@@ -90,7 +92,7 @@ def account(raw: str, rate: float) -> dict[str, dict[str, float]]:
         if not stack:
             continue
         frames = stack.split(";")
-        processes = [f for f in frames if f.startswith("process ")]  # each parent's, then the sampled one's
+        processes = list(itertools.takewhile(_PROCESS.match, frames))  # each parent's, then the sampled one's
         frames = frames[len(processes):]
         role = role_of(processes[-1]) if processes else "?"
         # a forked stage keeps its launcher's command line: its thread names the stage's loop
@@ -99,8 +101,7 @@ def account(raw: str, rate: float) -> dict[str, dict[str, float]]:
         elif role == "launcher" and any(f.startswith(("serve_stage1 ", "run_stage1 ", "serve_fleet ",
                                                       "_run_fleet_stage1 ")) for f in frames):
             role = "stage1"
-        elif role == "launcher" and any("_async_worker" in f or "worker" in f.lower() and "gymnasium" in f
-                                        for f in frames):
+        if any(f.startswith("_async_worker ") for f in frames):  # forked by a stage: its command line, its own work
             role = "env workers"
         seconds[role][part_of(frames)] += int(count) / rate
     return {role: dict(parts.most_common()) for role, parts in sorted(seconds.items())}

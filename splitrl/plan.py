@@ -168,6 +168,7 @@ class Timings:
         import torch
 
         from .models import agent
+        from .ppo import adam
 
         encoder, heads = agent(self.settings, self.spec)
         gen = torch.Generator().manual_seed(0)
@@ -181,7 +182,9 @@ class Timings:
             with torch.no_grad():
                 return (0.0 if alone else self._median(lambda: encoder(x)),
                         self._median(lambda: heads.get_action_and_value(feats)))
-        opt0, opt1 = torch.optim.Adam(encoder.parameters()) if not alone else None, torch.optim.Adam(heads.parameters())
+        fused = self.settings.ppo.fused_adam
+        opt0 = adam(encoder.parameters(), 1e-5, fused=fused) if not alone else None
+        opt1 = adam(heads.parameters(), 1e-5, fused=fused)
 
         def step0() -> None:
             out = encoder(x)

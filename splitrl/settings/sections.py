@@ -115,7 +115,8 @@ class PPOSettings:
                            finite=True)
     lr_log_std: float = doc(0.0, "Adam learning rate of the policy's log-std (0: --lr-heads, as the paper; at "
                                  "1e-5 the spread barely moves over a run)", min=0.0, finite=True, note="0: --lr-heads")
-    fused_adam: bool = doc(False, "step Adam with torch's fused kernel, one pass over each tensor (on CPU the heads' "
+    fused_adam: bool = doc(False, "step PPO's Adam (encoder and heads) with torch's fused kernel, one pass over each "
+                                  "tensor (on CPU the heads' "
                                   "step on one thread 17 -> 3 ms); not bit for bit the default's values (the last "
                                   "bits of a step differ)")
     max_grad_norm: float = doc(0.5, "gradient-norm clipping, applied by each stage to its own parameters",

@@ -35,7 +35,7 @@ from ..codecs import CodecSet, Context
 from ..devices import to_device
 from ..envs import EnvSpec, batch
 from ..models import agent
-from ..ppo import adam, anneal, minibatch_schedule
+from ..ppo import adam, anneal, load_adam_state, minibatch_schedule
 from ..runs import EMA_DECAY, RunLog
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
@@ -339,7 +339,7 @@ class Edge:
         """Go on from a checkpoint (`state_dict`): the envs are put back when `open_envs` opens them."""
         self.net.load_state_dict(state["net"])
         if self.optimizer is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+            load_adam_state(self.optimizer, state["optimizer"])
         rollout = state["rollout"]
         self.train_iteration, self.iteration = state["iteration"], rollout["iteration"]
         self.global_step, self.episodes.ema_return = rollout["global_step"], rollout["ema_return"]

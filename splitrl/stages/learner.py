@@ -33,7 +33,7 @@ from ..codecs import CodecSet, Context
 from ..devices import to_host
 from ..envs import EnvSpec
 from ..models import ActorCriticHeads, agent
-from ..ppo import explained_variance, minibatch_schedule
+from ..ppo import explained_variance, load_adam_state, minibatch_schedule
 from ..settings import TrainSettings
 from ..transport import Message, ProtocolError
 from .autoencoder import Autoencoder, sampled, unpack_sample
@@ -351,7 +351,7 @@ class Learner:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go on from a checkpoint (`state_dict`)."""
         self.heads.load_state_dict(state["heads"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_adam_state(self.optimizer, state["optimizer"])
         rollout = state["rollout"]
         self.train_iteration, self.iteration = state["iteration"], rollout["iteration"]
         self.generator.set_state(rollout["generator"])

@@ -26,3 +26,15 @@ def test_a_sample_goes_to_the_innermost_part_and_its_process():
     assert part_of(["PyEval (libpython)"]) == "other"
     lines = table(accounted).splitlines()
     assert lines[0] == "| part | stage0 | stage1 | all |" and lines[-1] == "| all | 10.0 | 5.0 | 15.0 |"
+
+
+def test_nested_processes_are_the_innermost_ones_and_a_stages_env_workers_their_own():
+    stage0 = 'process 9:"python -m splitrl stage0 --connect x"'
+    worker = ["_async_worker (/v/site-packages/gymnasium/vector/async_vector_env.py:700)",
+              "CarRacing.step (/v/site-packages/gymnasium/envs/box2d/car_racing.py:561)"]
+    raw = "\n".join([
+        ";".join([LAUNCHER, stage0, *worker]) + " 10",  # a worker forked by a stage started on its own
+        ";".join([LAUNCHER, stage0, "serve_stage0 (/x/splitrl/runner/stage0.py:86)",
+                  "process (/x/mine.py:1)"]) + " 20",  # a function named process is not a process
+    ])
+    assert account(raw, rate=10.0) == {"env workers": {"env step": 1.0}, "stage0": {"schedule and stages": 2.0}}

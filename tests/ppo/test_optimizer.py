@@ -32,9 +32,9 @@ def test_the_multi_tensor_adam_is_the_one_tensor_loop_bit_for_bit():
 
 
 def test_the_fused_adam_stays_within_a_rounding_of_each_step():
-    """``--fused-adam`` computes each step in one pass: not the loop's bits, but after 200 steps of gradients of
-    every scale no parameter is further from the loop's than 1 % of the distance the loop moved it (plus 1e-7, a
-    few ulps of parameters near 1)."""
+    """``--fused-adam`` computes each step in one pass: not the default's bits (the multi-tensor update, which is
+    the loop's: above), but after 200 steps of gradients of every scale no tensor's largest difference from the
+    default's exceeds 1 % of that tensor's largest movement (plus 1e-7, a few ulps of parameters near 1)."""
     generator = torch.Generator().manual_seed(1)
     shapes = [(512, 4096), (512,), (3, 512), (3,)]
     start = [torch.randn(s, generator=generator) for s in shapes]
@@ -54,3 +54,20 @@ def test_the_fused_adam_stays_within_a_rounding_of_each_step():
         moved = float((l.detach() - s).abs().max())
         assert moved > 1e-5 and float((f.detach() - l.detach()).abs().max()) <= 0.01 * moved + 1e-7
     assert any(not torch.equal(f, l) for f, l in zip(fused, loop))  # not the same bits: an option, not the default
+
+
+def test_a_checkpoints_adam_state_loads_into_the_kernel_the_run_was_built_with():
+    """A checkpoint written by torch's default (``foreach`` None) or by a fused run carries its kernel in its
+    groups; loading keeps the optimizer's own, and the moments."""
+    from splitrl.ppo import load_adam_state
+
+    params = [torch.nn.Parameter(torch.ones(4))]
+    old = torch.optim.Adam(params, lr=1e-3, eps=1e-5)  # as a checkpoint from before splitrl chose the kernel
+    params[0].grad = torch.full((4,), 0.5)
+    old.step()
+    saved = old.state_dict()
+    assert saved["param_groups"][0]["foreach"] is None
+    ours = adam(params, lr=1e-3)
+    load_adam_state(ours, saved)
+    assert ours.param_groups[0]["foreach"] is True and ours.param_groups[0]["lr"] == 1e-3
+    assert torch.equal(ours.state[params[0]]["exp_avg"], saved["state"][0]["exp_avg"])
