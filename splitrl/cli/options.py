@@ -10,7 +10,7 @@ from typing import Any, Callable
 import click
 from click.core import ParameterSource
 
-from ..runs import default_run_dir, saved_config
+from ..runs import saved_config
 from ..settings import (CODEC_STREAMS, CodecSettings, EnvSettings, PPOSettings, RunOptions, ScheduleSettings,
                         SettingsError, TrainSettings, option_name, resumed)
 from .config import config_option
@@ -113,7 +113,7 @@ def stage_argv(settings: TrainSettings, options: RunOptions, *, absolute: bool =
         raise SettingsError("\n  - ".join([str(exc), *devices])) from None
     if devices:
         raise SettingsError(SettingsError.HEAD + "\n  - ".join(devices))
-    run_dir = options.resume or options.run_dir or default_run_dir(settings.env.env_id)
+    run_dir = options.run_dir_for(settings.env.env_id)
     if absolute:
         run_dir = os.path.abspath(run_dir)
     resume = run_dir if options.resume else ""

@@ -8,7 +8,6 @@ import sys
 import click
 from click.core import ParameterSource
 
-from ..runs import default_run_dir
 from ..settings import RunOptions, SettingsError, TrainSettings
 from .errors import run_cli
 from .options import stage_argv, training_options
@@ -92,8 +91,7 @@ def run(settings: TrainSettings, options: RunOptions, endpoint: str | None) -> N
 
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
-        placed = dataclasses.replace(options, run_dir=options.run_dir or options.resume
-                                     or default_run_dir(settings.env.env_id))
+        placed = dataclasses.replace(options, run_dir=options.run_dir_for(settings.env.env_id))
         check(settings, placed, LAUNCHER)
         stage_args, run_dir = stage_argv(settings, placed)
         torch.set_num_threads(threads)

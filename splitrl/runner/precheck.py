@@ -10,7 +10,7 @@ import gymnasium as gym
 from gymnasium.envs.registration import _find_spec
 
 from .. import envs  # noqa: F401  (registers splitrl's own envs, as making one would)
-from ..runs import CONFIG_NAMES, check_fresh, check_run_dir, default_run_dir, saved_config
+from ..runs import CONFIG_NAMES, check_fresh, check_run_dir, saved_config
 from ..settings import EnvSettings, RunOptions, SettingsError, TrainSettings
 
 
@@ -44,7 +44,7 @@ def run_dir_problem(settings: TrainSettings, options: RunOptions, stage: str) ->
     """The run directory cannot take this run: not writable, another run's without --overwrite, or (--resume) no
     run of ``stage`` there to go on with."""
     assert stage in CONFIG_NAMES
-    run_dir = options.resume or options.run_dir or default_run_dir(settings.env.env_id)
+    run_dir = options.run_dir_for(settings.env.env_id)
     try:
         check_run_dir(run_dir, "--resume" if options.resume else "--run-dir")
         if options.resume:

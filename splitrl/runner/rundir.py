@@ -19,7 +19,7 @@ import torch
 from ..devices import describe_device, resolve_device, use_device
 from ..envs import EnvSpec, inspect_env
 from ..models import agent
-from ..runs import CONFIG_NAMES, RunLog, default_run_dir, intact_checkpoints, read_metrics, saved_config
+from ..runs import CONFIG_NAMES, RunLog, intact_checkpoints, read_metrics, saved_config
 from ..settings import RunOptions, SettingsError, TrainSettings
 from ..settings.specs import AUTO_MODEL, AUTO_MODELS
 from ..stages import STAGE0, STAGE1
@@ -99,7 +99,7 @@ def check(settings: TrainSettings, options: RunOptions, role: str) -> tuple[Trai
             if not problems:
                 raise
             # an invalid setting above is why the network could not be built
-    run_dir = options.resume or options.run_dir or default_run_dir(settings.env.env_id)
+    run_dir = options.run_dir_for(settings.env.env_id)
     stage = STAGE1 if role == LAUNCHER else role
     problem = run_dir_problem(settings, options, stage)
     if problem is None and options.resume and spec is not None:

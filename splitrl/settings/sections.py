@@ -17,6 +17,7 @@ from typing import Any
 
 from ..devices import check_device_name, device_error
 from ..errors import SettingsError
+from ..runs import default_run_dir
 from .options import doc, field_errors, to_argv
 from .rules import rule_errors
 from .specs import (AUTO_MODEL, AUTO_MODELS, MODEL_NAMES, EncoderSync, Exchange, check_model, codec_spec,
@@ -459,6 +460,11 @@ class RunOptions:
         except ValueError:
             return float("nan")
 
+
+    def run_dir_for(self, env_id: str) -> str:
+        """The run directory: --resume's, else --run-dir, else a new one under runs/ named after the time and
+        ``env_id`` (each call a new name: place it once, `dataclasses.replace(options, run_dir=...)`)."""
+        return self.resume or self.run_dir or default_run_dir(env_id)
 
     def device(self, role: str) -> str:
         """The device ``role`` (stage0 or stage1) computes on, as given (`splitrl.devices.resolve_device` reads it)."""
