@@ -14,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from .allocator import keep_freed_memory
 from .carracing import draw_road_faster
 from .settings import VECTOR_MODES, EnvSettings, SettingsError
 
@@ -306,6 +307,7 @@ def _worker_deaf_to_ctrl_c(*args: Any, **kwargs: Any) -> None:
     closing and print a BrokenPipeError traceback per env. Its parent stops it instead (``close``; or the
     worker reads the end of its pipe when the parent is gone)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    keep_freed_memory()
     _async_worker(*args, **kwargs)
 
 

@@ -130,7 +130,7 @@ def _command(cmd: Any, path: list[str], ctx: Any, shared: dict[str, tuple[str, s
     if len(path) > 1:  # the page's title is the root's; a command is a section, a subcommand one below it
         out += [f"{'#' * len(path)} `{' '.join(path)}` {{ #{_anchor(path)} }}", ""]
     out += ["```", " ".join([*path, *cmd.collect_usage_pieces(ctx)]), "```", ""]
-    for paragraph in _description(cmd.help):
+    for paragraph in [*_description(cmd.help), *_description(cmd.epilog or "")]:
         out += [paragraph, ""]
     arguments = [p for p in cmd.get_params(ctx) if isinstance(p, click.Argument)]
     if arguments:

@@ -42,8 +42,12 @@ def _status(key: str) -> float:
 
 def victim_main(transport: str, endpoint: str, receives: int, timeout: float) -> None:
     """Bind ``endpoint`` with the stages' limits, print the address, then one JSON line per receive
-    (what arrived or the error, VmRSS and VmHWM in MiB)."""
+    (what arrived or the error, VmRSS and VmHWM in MiB). Its allocator keeps freed memory as a stage's does
+    (`splitrl.allocator`), so the bounds measured are a stage's."""
+    from ..allocator import keep_freed_memory
     from ..stages import LIMITS
+
+    keep_freed_memory()
     from ..transport import PeerGone, ProtocolError, TcpTransport, TransportTimeout, ZmqTransport
 
     cls = ZmqTransport if transport == "zmq" else TcpTransport

@@ -5,7 +5,8 @@ here: `train` (stage0, stage1, train, run, curve), `bench` (``splitrl bench ...`
 `netem` (``splitrl netem ...``, ``splitrl lab``) and `tools` (codecs, report, keys, upgrade-checkpoints), `evaluate` (eval).
 Their options come from the settings dataclasses (`options`); how they end on an
 error is `errors`; `fork` starts the stages of ``splitrl run``. Every command imports torch lazily, so ``--help`` and
-``splitrl netem`` start quickly.
+``splitrl netem`` start quickly. Every command first raises the C allocator's thresholds for its process
+(`splitrl.allocator`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import click
 
+from ..allocator import keep_freed_memory
 from .bench import bench
 from .bench_cuts import bench_cuts
 from .bench_greedy import bench_greedy
@@ -65,13 +67,22 @@ def _setup_logging(verbose: bool) -> None:
     )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+_ENVIRONMENT = """\b
+Environment:
+  SPLITRL_PROGRESS=0|1   the progress bar within an iteration: never, or also when stderr is not a terminal
+  SPLITRL_ALLOCATOR=default   leave glibc's malloc thresholds as they are (every command raises them so that
+                         freed buffers are reused, not mapped again: docs/benchmarks/floor.md)"""
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+             epilog=_ENVIRONMENT)
 @click.version_option(package_name="splitrl", prog_name="splitrl", message="%(prog)s %(version)s")
 @click.option("-v", "--verbose", is_flag=True, help="debug logging")
 def main(verbose: bool) -> None:
     """splitrl: PPO split across a slow link, with every byte counted."""
     _setup_logging(verbose)
     _install_signal_handlers()
+    keep_freed_memory()
 
 
 bench.add_command(bench_cuts)  # commands of that group in files of their own

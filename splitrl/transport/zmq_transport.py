@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import zmq
 
+from ..allocator import give_back_freed_memory
 from ..errors import SettingsError
 from .base import WAITING_LINE_EVERY, Transport, Watch
 from .curve import CurveKeys
@@ -133,16 +134,20 @@ class ZmqTransport(Transport):
             frames.append(memoryview(frame))
             total += len(frames[-1])
             if len(frames) > limit or total > self.limits.max_message_bytes:
-                return self._discard_rest(frame, len(frames), total)
+                count = len(frames)
+                frames.clear()
+                return self._discard_rest(frame, count, total)
         return frames
 
     def _discard_rest(self, frame: Any, count: int, total: int) -> Sequence[Any]:
-        """Over the frame count or the message size: drop the message's remaining parts one by one, holding none."""
+        """Over the frame count or the message size: drop the message's remaining parts one by one, holding none,
+        and give what libzmq held back to the kernel (the stages' allocator keeps freed memory otherwise)."""
         while frame.more:
             frame = self._pull.recv(copy=False)
             count += 1
             total += len(frame.buffer)
         del frame
+        give_back_freed_memory()
         raise ProtocolError(f"from {self.peer}: message of {count} frames and {total} bytes: expected at most "
                             f"{self.limits.max_tensors + 1} frames and {self.limits.max_message_bytes} bytes; "
                             "message dropped")
