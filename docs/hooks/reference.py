@@ -63,12 +63,17 @@ def _text(text: str) -> str:
 
 
 def _description(help_text: str | None) -> list[str]:
-    """A command's docstring as click shows it: dedented, cut at ``\\f``, ``\\b`` markers dropped."""
+    """A command's docstring as click shows it: dedented, cut at ``\\f``, a ``\\b`` paragraph kept as written."""
     if not help_text:
         return []
     text = inspect.cleandoc(help_text).split("\f")[0]
-    paragraphs = [p.replace("\b\n", "").strip() for p in re.split(r"\n\s*\n", text)]
-    return [_text(" ".join(p.split())) for p in paragraphs if p]
+    out = []
+    for p in re.split(r"\n\s*\n", text):
+        if p.startswith("\b\n"):  # click prints such a paragraph as written: so does the page
+            out.append("```\n" + p[2:].rstrip() + "\n```")
+        elif p.strip():
+            out.append(_text(" ".join(p.split())))
+    return out
 
 
 def _anchor(path: list[str]) -> str:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -18,7 +21,7 @@ from ..transport import Message, ProtocolError, Transport
 from ..transport.errors import peer_repr
 from .progress import IterationBar, bar_wanted
 
-__all__ = ["torch_thread", "PhaseClock", "expect", "after_progress", "stops", "stage0_after_rollout", "iteration_stats",
+__all__ = ["torch_thread", "PhaseClock", "TIMELINE", "TIMELINE_ENV", "Timeline", "expect", "after_progress", "stops", "stage0_after_rollout", "iteration_stats",
            "IterationLog", "checkpoint_due", "stage0_finish", "stage1_finish", "progress_line"]
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,35 @@ def torch_thread(target: Callable[[], None], name: str) -> threading.Thread:
     return threading.Thread(target=run, name=name, daemon=True)
 
 
+TIMELINE_ENV = "SPLITRL_TIMELINE"
+
+
+class Timeline:
+    """Every phase's span (`PhaseClock`) of this process, kept only where the environment variable
+    ``SPLITRL_TIMELINE`` names a directory: each process then appends its spans to
+    ``DIR/timeline-PID.jsonl``, one line per iteration (``flush``). The times are ``time.perf_counter``'s,
+    CLOCK_MONOTONIC on Linux, which every process on a machine shares, so the stages' lines lie on one time
+    axis (`benchmarks/timeline.py` draws them)."""
+
+    def __init__(self) -> None:
+        directory = os.environ.get(TIMELINE_ENV, "")
+        self.path = Path(directory) if directory else None
+        """The directory, where spans are kept."""
+        self.spans: list[tuple[str, str, float, float]] = []
+        """(thread, phase, start, end) since the last flush."""
+
+    def flush(self, role: str, iteration: int) -> None:
+        if self.path is None:
+            return
+        spans, self.spans = self.spans, []  # a phase another thread ends meanwhile goes to the next line
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.path / f"timeline-{os.getpid()}.jsonl", "a") as f:  # the stages of `splitrl run` fork
+            f.write(json.dumps({"role": role, "pid": os.getpid(), "iteration": iteration, "spans": spans}) + "\n")
+
+
+TIMELINE = Timeline()
+
+
 class _Phase:
     __slots__ = ("clock", "name", "start")
 
@@ -54,7 +86,10 @@ class _Phase:
         self.start = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
-        self.clock.seconds[self.name] += time.perf_counter() - self.start
+        end = time.perf_counter()
+        self.clock.seconds[self.name] += end - self.start
+        if TIMELINE.path is not None:
+            TIMELINE.spans.append((threading.current_thread().name, self.name, self.start, end))
 
 
 class PhaseClock:
@@ -185,6 +220,7 @@ def stage1_finish(learner: Learner, exchange: LearnerExchange, link: Transport |
             state["links"] = {str(p): each.sequence(ahead=n) for p, each, n in zip(places, links, ahead)}
         run_log.checkpoint(STAGE1, iteration, state)
     stats["cpu/stage1"] = time.process_time() - cpu_start
+    TIMELINE.flush(STAGE1, iteration)
     heads = None
     for each, msg, extra in zip(links, msgs, extras or [{}] * len(links)):
         each.send("iter_stats", header={**stats, **extra})
@@ -248,6 +284,7 @@ class IterationLog:
         record.update(edge.tuning.metrics.pop(iteration, {}))
         # CPU seconds of this process in the iteration (in the twin, both stages share it).
         record["cpu/stage0"] = time.process_time() - self.cpu_start
+        TIMELINE.flush(STAGE0, iteration)
         envs_cpu = self.edge.env_cpu_seconds()
         if envs_cpu is not None and self.envs_cpu_start is not None:  # 0 where the envs step in this process
             record["cpu/envs"] = envs_cpu - self.envs_cpu_start

@@ -1,0 +1,111 @@
+"""Where each stage's thread is busy within one iteration, drawn from the spans a traced run wrote.
+
+    SPLITRL_TIMELINE=DIR splitrl run ...            # every process appends its phases' spans to DIR
+    python benchmarks/timeline.py DIR [--iteration 2] [--out timeline.png] [--json FILE]
+
+A span is one phase of a `PhaseClock` (`splitrl/schedule/common.py`): stage0's ``env`` (stepping the envs, or
+waiting for its worker processes), ``encoder`` (forwards, backwards and steps), ``codec``, ``link`` (sending,
+and waiting for stage1's answer) and ``pace``; stage1's ``heads`` (everything it computes). The window is the
+iteration as stage0 saw it (its first span's start to its last span's end). Prints, for each process's thread,
+the seconds of each phase in the window and the seconds in no phase (the loops' own Python between phases, or
+nothing to do); ``--out`` draws the rows (matplotlib). The env worker processes are not traced: stage0's
+``env`` spans show when it waits for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+Row = tuple[str, list[tuple[str, float, float]]]
+COLOURS = {"env": "tab:green", "encoder": "tab:blue", "heads": "tab:orange", "codec": "tab:purple",
+           "link": "lightgrey", "pace": "tab:brown"}
+
+
+def load(directory: Path, iteration: int) -> tuple[tuple[float, float], list[Row]]:
+    """The window of ``iteration`` and, for each (process, thread), its spans clipped to it."""
+    lines = [json.loads(line) for path in sorted(directory.glob("timeline-*.jsonl"))
+             for line in path.read_text().splitlines() if line.strip()]
+    own = [s for line in lines if line["role"] == "stage0" and line["iteration"] == iteration for s in line["spans"]]
+    if not own:
+        raise SystemExit(f"{directory}: no stage0 spans of iteration {iteration}")
+    window = (min(s[2] for s in own), max(s[3] for s in own))
+    rows: dict[tuple[int, str], list[tuple[str, float, float]]] = {}
+    roles: dict[int, set[str]] = {}
+    for line in lines:
+        roles.setdefault(line["pid"], set()).add(line["role"])
+        for thread, phase, start, end in line["spans"]:
+            start, end = max(start, window[0]), min(end, window[1])
+            if end > start:
+                rows.setdefault((line["pid"], thread), []).append((phase, start, end))
+    named = []
+    for (pid, thread), spans in sorted(rows.items(), key=lambda kv: (sorted(roles[kv[0][0]]), kv[0][1])):
+        role = " + ".join(sorted(roles[pid]))
+        named.append((role if thread == "MainThread" else f"{role}, thread {thread}", sorted(spans, key=lambda s: s[1])))
+    return window, named
+
+
+def account(window: tuple[float, float], rows: list[Row]) -> list[dict[str, Any]]:
+    """Per row: seconds in each phase and in none (the window less the union of its spans)."""
+    out = []
+    for name, spans in rows:
+        phases: dict[str, float] = {}
+        covered, reach = 0.0, window[0]
+        for phase, start, end in spans:
+            phases[phase] = phases.get(phase, 0.0) + end - start
+            if end > reach:
+                covered += end - max(start, reach)
+                reach = end
+        out.append({"row": name, "phases": phases, "in no phase": window[1] - window[0] - covered})
+    return out
+
+
+def draw(window: tuple[float, float], rows: list[Row], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(12, 0.6 * len(rows) + 1.4))
+    for y, (_, spans) in enumerate(rows):
+        for phase in {p for p, _, _ in spans}:
+            bars = [(s - window[0], e - s) for p, s, e in spans if p == phase]
+            ax.broken_barh(bars, (y - 0.4, 0.8), color=COLOURS.get(phase, "black"), label=phase, linewidth=0)
+    handles = {h.get_label(): h for h in ax.get_legend_handles_labels()[0]}
+    ax.legend(handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(handles))
+    ax.set_yticks(range(len(rows)), [name for name, _ in rows])
+    ax.set_xlim(0, window[1] - window[0])
+    ax.set_xlabel("seconds into the iteration")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--iteration", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="draw the rows into this PNG")
+    parser.add_argument("--title", default="")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    window, rows = load(args.directory, args.iteration)
+    table = account(window, rows)
+    phases = sorted({p for r in table for p in r["phases"]})
+    print(f"iteration {args.iteration}: {window[1] - window[0]:.1f} s as stage0 saw it")
+    print("| thread | " + " | ".join(phases) + " | in no phase |")
+    print("|---|" + "---:|" * (len(phases) + 1))
+    for r in table:
+        cells = [f"{r['phases'].get(p, 0.0):.1f}" for p in phases]
+        print(f"| {r['row']} | " + " | ".join(cells) + f" | {r['in no phase']:.1f} |")
+    if args.out:
+        draw(window, rows, args.out, args.title or f"iteration {args.iteration}")
+    if args.json:
+        args.json.write_text(json.dumps({"iteration": args.iteration, "seconds": window[1] - window[0],
+                                         "rows": table}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""A traced split run writes each stage's phases on one time axis, and benchmarks/timeline.py accounts for them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.timeline import account, draw, load
+
+TINY = ["--total-steps", "128", "--num-steps", "32", "--epochs", "2", "--minibatches", "2", "--max-episode-steps", "20",
+        "--threads", "1", "--checkpoint-every", "0", "--vector", "sync", "--num-envs", "2", "--rollout-groups", "2",
+        "--microbatches", "2"]
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("timeline")
+    env = dict(os.environ, SPLITRL_TIMELINE=str(root / "spans"), SPLITRL_PROGRESS="0")
+    subprocess.run([sys.executable, "-m", "splitrl", "run", "--run-dir", str(root / "run"), *TINY], env=env,
+                   check=True, timeout=240, capture_output=True)
+    return root / "spans"
+
+
+def test_each_stage_writes_its_own_spans_and_the_accounting_fills_the_window(traced: Path, tmp_path: Path):
+    assert len(list(traced.glob("timeline-*.jsonl"))) == 2  # one file a stage process, the launcher none
+    window, rows = load(traced, 2)
+    by_row = {r["row"]: r for r in account(window, rows)}
+    assert set(by_row) == {"stage0", "stage1"}
+    assert {"env", "encoder", "link"} <= set(by_row["stage0"]["phases"])
+    assert set(by_row["stage1"]["phases"]) == {"heads"}
+    for r in by_row.values():  # a thread's phases do not overlap: with the rest they make the window
+        assert sum(r["phases"].values()) + r["in no phase"] == pytest.approx(window[1] - window[0], abs=1e-6)
+        assert r["in no phase"] >= 0
+    assert by_row["stage1"]["phases"]["heads"] > 0
+    draw(window, rows, tmp_path / "t.png", "t")
+    assert (tmp_path / "t.png").stat().st_size > 1000
+
+
+def test_no_spans_are_kept_without_the_variable():
+    code = ("from splitrl.schedule.common import TIMELINE, PhaseClock\nc = PhaseClock()\nwith c('x'): pass\n"
+            "print(TIMELINE.path, len(TIMELINE.spans))")
+    env = {k: v for k, v in os.environ.items() if k != "SPLITRL_TIMELINE"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    assert out.split() == ["None", "0"]
