@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from splitrl.allocator import without_allocator_settings
+
 WAYS = ("glibc's defaults", "keep_freed_memory")
 _WARM_UP = 16
 
@@ -49,7 +51,7 @@ def child(way: str, minibatches: int) -> dict[str, float]:
     actions = torch.rand(n, spec.action_dim, generator=generator) * 2 - 1
     advantages, returns, zeros = torch.randn(n, generator=generator), torch.randn(n, generator=generator), torch.zeros(n)
 
-    def minibatch(i: int) -> None:
+    def minibatch() -> None:
         idx = torch.randperm(n, generator=generator)[:settings.steps_per_iteration // ppo.minibatches]
         out = encoder(obs[idx])
         cut = out.detach().requires_grad_()
@@ -63,11 +65,11 @@ def child(way: str, minibatches: int) -> dict[str, float]:
             step.step()
             step.zero_grad(set_to_none=True)
 
-    for i in range(_WARM_UP):
-        minibatch(i)
+    for _ in range(_WARM_UP):
+        minibatch()
     before, began = resource.getrusage(resource.RUSAGE_SELF), time.process_time()
-    for i in range(minibatches):
-        minibatch(i)
+    for _ in range(minibatches):
+        minibatch()
     after, cpu = resource.getrusage(resource.RUSAGE_SELF), time.process_time() - began
     scale = ppo.epochs * ppo.minibatches / minibatches
     return {"cpu_s": cpu * scale, "sys_s": (after.ru_stime - before.ru_stime) * scale,
@@ -84,7 +86,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, args.minibatches)))
         return
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "SPLITRL_ALLOCATOR"}
+    env = without_allocator_settings(os.environ)
     results: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}
     for _ in range(args.rounds):
         for way in WAYS:

@@ -25,13 +25,15 @@ COLOURS = {"env": "tab:green", "encoder": "tab:blue", "heads": "tab:orange", "co
 
 
 def load(directory: Path, iteration: int) -> tuple[tuple[float, float], list[Row]]:
-    """The window of ``iteration`` and, for each (process, thread), its spans clipped to it."""
+    """The window of ``iteration`` (stage0's) and, for each (process, thread), its spans clipped to it, from
+    whichever lines hold them."""
     lines = [json.loads(line) for path in sorted(directory.glob("timeline-*.jsonl"))
              for line in path.read_text().splitlines() if line.strip()]
-    own = [s for line in lines if line["role"] == "stage0" and line["iteration"] == iteration for s in line["spans"]]
-    if not own:
-        raise SystemExit(f"{directory}: no stage0 spans of iteration {iteration}")
-    window = (min(s[2] for s in own), max(s[3] for s in own))
+    windows = [line["window"] for line in lines
+               if line["role"] == "stage0" and line["iteration"] == iteration and line.get("window")]
+    if not windows:
+        raise SystemExit(f"{directory}: stage0 wrote no window of iteration {iteration}")
+    window = (windows[0][0], windows[0][1])
     rows: dict[tuple[int, str], list[tuple[str, float, float]]] = {}
     roles: dict[int, set[str]] = {}
     for line in lines:
@@ -42,7 +44,7 @@ def load(directory: Path, iteration: int) -> tuple[tuple[float, float], list[Row
                 rows.setdefault((line["pid"], thread), []).append((phase, start, end))
     named = []
     for (pid, thread), spans in sorted(rows.items(), key=lambda kv: (sorted(roles[kv[0][0]]), kv[0][1])):
-        role = " + ".join(sorted(roles[pid]))
+        role = "twin" if len(roles[pid]) > 1 else next(iter(roles[pid]))  # the twin: both stages, one process
         named.append((role if thread == "MainThread" else f"{role}, thread {thread}", sorted(spans, key=lambda s: s[1])))
     return window, named
 

@@ -72,7 +72,7 @@ def _description(help_text: str | None) -> list[str]:
         if p.startswith("\b\n"):  # click prints such a paragraph as written: so does the page
             out.append("```\n" + p[2:].rstrip() + "\n```")
         elif p.strip():
-            out.append(_text(" ".join(p.split())))
+            out.append(_text(" ".join(p.replace("\b", "").split())))
     return out
 
 

@@ -21,8 +21,9 @@ from ..transport import Message, ProtocolError, Transport
 from ..transport.errors import peer_repr
 from .progress import IterationBar, bar_wanted
 
-__all__ = ["torch_thread", "PhaseClock", "TIMELINE", "TIMELINE_ENV", "Timeline", "expect", "after_progress", "stops", "stage0_after_rollout", "iteration_stats",
-           "IterationLog", "checkpoint_due", "stage0_finish", "stage1_finish", "progress_line"]
+__all__ = ["torch_thread", "PhaseClock", "TIMELINE", "TIMELINE_ENV", "Timeline", "expect", "after_progress", "stops",
+           "stage0_after_rollout", "iteration_stats", "IterationLog", "checkpoint_due", "stage0_finish", "stage1_finish",
+           "progress_line"]
 
 log = logging.getLogger(__name__)
 
@@ -52,25 +53,29 @@ TIMELINE_ENV = "SPLITRL_TIMELINE"
 
 class Timeline:
     """Every phase's span (`PhaseClock`) of this process, kept only where the environment variable
-    ``SPLITRL_TIMELINE`` names a directory: each process then appends its spans to
-    ``DIR/timeline-PID.jsonl``, one line per iteration (``flush``). The times are ``time.perf_counter``'s,
-    CLOCK_MONOTONIC on Linux, which every process on a machine shares, so the stages' lines lie on one time
-    axis (`benchmarks/timeline.py` draws them)."""
+    ``SPLITRL_TIMELINE`` names a directory: each process then appends its spans to ``DIR/timeline-PID.jsonl``,
+    a line at the end of each iteration (``flush``), with stage0's window of that iteration (its start and end,
+    as `IterationLog` times it). The times are ``time.perf_counter``'s, CLOCK_MONOTONIC on Linux, which every
+    process on a machine shares, so the stages' lines lie on one time axis; a reader takes an iteration's spans
+    by that window, whichever line holds them (`benchmarks/timeline.py`). A process that never flushes (a
+    benchmark's own loop) keeps its spans until it ends."""
 
     def __init__(self) -> None:
         directory = os.environ.get(TIMELINE_ENV, "")
-        self.path = Path(directory) if directory else None
-        """The directory, where spans are kept."""
+        self.directory = Path(directory) if directory else None
         self.spans: list[tuple[str, str, float, float]] = []
-        """(thread, phase, start, end) since the last flush."""
+        """(thread, phase, start, end), appended by any thread, since the last flush."""
 
-    def flush(self, role: str, iteration: int) -> None:
-        if self.path is None:
+    def flush(self, role: str, iteration: int, window: tuple[float, float] | None = None) -> None:
+        if self.directory is None:
             return
-        spans, self.spans = self.spans, []  # a phase another thread ends meanwhile goes to the next line
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.path / f"timeline-{os.getpid()}.jsonl", "a") as f:  # the stages of `splitrl run` fork
-            f.write(json.dumps({"role": role, "pid": os.getpid(), "iteration": iteration, "spans": spans}) + "\n")
+        n = len(self.spans)  # what another thread appends meanwhile stays for the next line
+        spans = self.spans[:n]
+        del self.spans[:n]
+        self.directory.mkdir(parents=True, exist_ok=True)
+        line = {"role": role, "pid": os.getpid(), "iteration": iteration, "window": window, "spans": spans}
+        with open(self.directory / f"timeline-{os.getpid()}.jsonl", "a") as f:  # `splitrl run`'s stages fork
+            f.write(json.dumps(line) + "\n")
 
 
 TIMELINE = Timeline()
@@ -88,7 +93,7 @@ class _Phase:
     def __exit__(self, *exc: object) -> None:
         end = time.perf_counter()
         self.clock.seconds[self.name] += end - self.start
-        if TIMELINE.path is not None:
+        if TIMELINE.directory is not None:
             TIMELINE.spans.append((threading.current_thread().name, self.name, self.start, end))
 
 
@@ -284,7 +289,7 @@ class IterationLog:
         record.update(edge.tuning.metrics.pop(iteration, {}))
         # CPU seconds of this process in the iteration (in the twin, both stages share it).
         record["cpu/stage0"] = time.process_time() - self.cpu_start
-        TIMELINE.flush(STAGE0, iteration)
+        TIMELINE.flush(STAGE0, iteration, (self.iter_start, self.iter_start + wall))
         envs_cpu = self.edge.env_cpu_seconds()
         if envs_cpu is not None and self.envs_cpu_start is not None:  # 0 where the envs step in this process
             record["cpu/envs"] = envs_cpu - self.envs_cpu_start

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import zmq
 
-from ..allocator import give_back_freed_memory
+from ..allocator import giving_back
 from ..errors import SettingsError
 from .base import WAITING_LINE_EVERY, Transport, Watch
 from .curve import CurveKeys
@@ -134,23 +134,22 @@ class ZmqTransport(Transport):
             frames.append(memoryview(frame))
             total += len(frames[-1])
             if len(frames) > limit or total > self.limits.max_message_bytes:
-                count = len(frames)
-                frames.clear()
-                return self._discard_rest(frame, count, total)
+                count, more = len(frames), frame.more
+                with giving_back():  # what libzmq held, to the kernel (the stages' allocator keeps freed memory)
+                    del frames, frame
+                    count, total = self._drop_rest(more, count, total)
+                raise ProtocolError(f"from {self.peer}: message of {count} frames and {total} bytes: expected at "
+                                    f"most {limit} frames and {self.limits.max_message_bytes} bytes; message dropped")
         return frames
 
-    def _discard_rest(self, frame: Any, count: int, total: int) -> Sequence[Any]:
-        """Over the frame count or the message size: drop the message's remaining parts one by one, holding none,
-        and give what libzmq held back to the kernel (the stages' allocator keeps freed memory otherwise)."""
-        while frame.more:
+    def _drop_rest(self, more: bool, count: int, total: int) -> tuple[int, int]:
+        """Over the frame count or the message size: drop the message's remaining parts one by one, holding none;
+        returns the message's frames and bytes."""
+        while more:
             frame = self._pull.recv(copy=False)
-            count += 1
-            total += len(frame.buffer)
-        del frame
-        give_back_freed_memory()
-        raise ProtocolError(f"from {self.peer}: message of {count} frames and {total} bytes: expected at most "
-                            f"{self.limits.max_tensors + 1} frames and {self.limits.max_message_bytes} bytes; "
-                            "message dropped")
+            count, total, more = count + 1, total + len(frame.buffer), frame.more
+            del frame
+        return count, total
 
     def _wait(self, timeout: float) -> Any:
         """Block for the next message: give up after ``timeout``, once the peer's connection has been gone

@@ -40,9 +40,22 @@ def test_each_stage_writes_its_own_spans_and_the_accounting_fills_the_window(tra
     assert (tmp_path / "t.png").stat().st_size > 1000
 
 
+def test_the_twins_stages_are_its_threads(tmp_path: Path):
+    """Both stages in one process: each flush takes what both threads ended, the window still puts them in place."""
+    env = dict(os.environ, SPLITRL_TIMELINE=str(tmp_path / "spans"), SPLITRL_PROGRESS="0")
+    subprocess.run([sys.executable, "-m", "splitrl", "train", "--run-dir", str(tmp_path / "run"), *TINY[:12]], env=env,
+                   check=True, timeout=240, capture_output=True)
+    window, rows = load(tmp_path / "spans", 2)
+    by_row = {r["row"]: r for r in account(window, rows)}
+    assert set(by_row) == {"twin", "twin, thread stage1"}
+    assert {"env", "encoder", "link"} <= set(by_row["twin"]["phases"])
+    assert set(by_row["twin, thread stage1"]["phases"]) == {"heads"}
+    assert sum(by_row["twin"]["phases"].values()) == pytest.approx(window[1] - window[0], rel=0.2)
+
+
 def test_no_spans_are_kept_without_the_variable():
     code = ("from splitrl.schedule.common import TIMELINE, PhaseClock\nc = PhaseClock()\nwith c('x'): pass\n"
-            "print(TIMELINE.path, len(TIMELINE.spans))")
+            "print(TIMELINE.directory, len(TIMELINE.spans))")
     env = {k: v for k, v in os.environ.items() if k != "SPLITRL_TIMELINE"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                          check=True).stdout
