@@ -24,6 +24,7 @@ is changed; ``SPLITRL_ALLOCATOR=default`` leaves glibc's defaults as well.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import sys
@@ -121,17 +122,13 @@ def giving_back() -> Iterator[None]:
         libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
-_LIBC: list[ctypes.CDLL | None] = []
-
-
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
     """This process's C library with ``mallopt`` and ``malloc_trim`` typed, or None if it has not both (musl)."""
-    if not _LIBC:
-        try:
-            libc = ctypes.CDLL(None)
-            libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-            libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
-        except (OSError, AttributeError):
-            libc = None
-        _LIBC.append(libc)
-    return _LIBC[0]
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return libc

@@ -90,7 +90,7 @@ def test_a_dropped_message_is_given_back_at_most_once_a_second(monkeypatch):
             return 1
 
     monkeypatch.setattr(allocator, "_applied", 64 << 20)
-    monkeypatch.setattr(allocator, "_LIBC", [Libc()])
+    monkeypatch.setattr(allocator, "_libc", Libc)
     monkeypatch.setattr(allocator, "_last_trim", -10.0)
     with allocator.giving_back():
         calls.append("freed")

@@ -46,9 +46,9 @@ def victim_main(transport: str, endpoint: str, receives: int, timeout: float) ->
     (`splitrl.allocator`), so the bounds measured are a stage's."""
     from ..allocator import keep_freed_memory
     from ..stages import LIMITS
+    from ..transport import PeerGone, ProtocolError, TcpTransport, TransportTimeout, ZmqTransport
 
     keep_freed_memory()
-    from ..transport import PeerGone, ProtocolError, TcpTransport, TransportTimeout, ZmqTransport
 
     cls = ZmqTransport if transport == "zmq" else TcpTransport
     link = cls(endpoint, bind=True, timeout=timeout, limits=LIMITS, heartbeat=5)

@@ -460,7 +460,6 @@ class RunOptions:
         except ValueError:
             return float("nan")
 
-
     def run_dir_for(self, env_id: str) -> str:
         """The run directory: --resume's, else --run-dir, else a new one under runs/ named after the time and
         ``env_id`` (each call a new name: place it once, `dataclasses.replace(options, run_dir=...)`)."""
