@@ -7,7 +7,7 @@ Checks REV (default 8593652, the last revision before the restructure of issue 1
 into a temporary git worktree, trains each configuration there with `splitrl train` (the
 old twin) and here with `splitrl train` (--mode train, the new twin) or `splitrl run`
 (--mode run, the new split over ZeroMQ), then compares both stages' checkpoints and every
-metric that is not a time, byte count of the handshake, or CPU figure. Each configuration
+metric that is not a time (a round trip included), byte count of the handshake, or CPU figure. Each configuration
 carries both spellings of its options (the replica moved from --codec-fwd/--codec-bwd to
 --exchange in issue 13). Exit status 0 when every configuration is identical.
 """
@@ -44,13 +44,14 @@ CONFIGS: dict[str, tuple[list[str], list[str]]] = {
     "replica-bf16": (["--codec-fwd", "replica:sync=bf16", "--codec-bwd", "replica:values=bf16"],
                      ["--exchange", "replica:sync=bf16", "--codec-fwd", "fp32", "--codec-bwd", "bf16"]),
     "input-frames": (["--cut", "input", "--codec-rollout", "frames"],) * 2,
+    "microbatches": (["--microbatches", "4", "--codec-fwd", "relu", "--codec-bwd", "ef:density=1,values=fp32"],) * 2,
 }
 
 
 def _metrics(run_dir: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items() if not k.startswith(("time/", "cpu/")) and k != "charts/SPS"
-             and "hello" not in k} for r in rows]
+             and "hello" not in k and not k.endswith("rtt_ms")} for r in rows]
 
 
 def _train(tree: Path, command: str, run_dir: Path, args: list[str]) -> None:
@@ -81,8 +82,11 @@ def main() -> int:
                 a = torch.load(old / "checkpoints" / f"{stage}-iter00002.pt")[key]
                 b = load_checkpoint(new, stage, 2)[key]
                 differences += [f"{stage}.{k}" for k in a if not torch.equal(a[k], b[k])]
-            if _metrics(old) != _metrics(new):
-                differences.append("metrics")
+            old_rows, new_rows = _metrics(old), _metrics(new)
+            if old_rows != new_rows:
+                keys = sorted({k for a, b in zip(old_rows, new_rows) for k in a.keys() | b.keys()
+                               if a.get(k) != b.get(k)})
+                differences.append(f"metrics ({', '.join(keys) or 'rows'})")
             print(f"{name}: {'identical' if not differences else 'DIFFERENT: ' + ', '.join(differences)}")
             same_everywhere &= not differences
     return 0 if same_everywhere else 1

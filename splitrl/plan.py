@@ -15,7 +15,8 @@ The schedules (`predict`), per iteration of E envs x T steps, K epochs of B mini
 - pipelined, G groups: a vector step takes the longest of one group's whole cycle (its envs, both
   stages, the round trip) and each resource's share of the step (stage0, stage1, the link's bytes,
   the cores the processes share). M micro-batches: a minibatch is a three-stage pipeline (stage0,
-  the link's bytes, stage1) of M items plus one round trip (the optimizer step is a barrier).
+  the link's bytes, stage1) of M items plus one round trip (the optimizer step is a barrier), each
+  stage taking up to W of its items at once (its ``--part-workers``).
 - async: the rollout of i + 1 beside the training of i: the longer of the two, or all the CPU
   work over the cores where the processes share them. Every sample is one version old, or with
   --publish epoch (the rollout paced against training's epochs) (E + 1) / (2E) of an iteration on average.
@@ -28,6 +29,7 @@ training time (1.0 balanced; below, the rollout waits on the learner and stalene
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -350,6 +352,8 @@ class RunConfig:
     """Intra-op threads as run (the default resolved)."""
     vector: str
     """'sync' or 'async' as run."""
+    part_workers: int = 1
+    """``--part-workers`` as run (0: its default; a run from before the option took its micro-batches in turn)."""
 
 
 def load_run(run_dir: str | Path) -> RunConfig:
@@ -362,12 +366,14 @@ def load_run(run_dir: str | Path) -> RunConfig:
     options = config.get("options", {})
     # A config without "vector" (codec-learning's and learning-check*'s under docs/results) stepped its envs in process.
     return RunConfig(settings, spec, int(config.get("torch_threads") or options.get("threads") or 0),
-                     choose_vector(options.get("vector", "sync"), settings.env.num_envs))
+                     choose_vector(options.get("vector", "sync"), settings.env.num_envs),
+                     int(options.get("part_workers", 1)))
 
 
-def predict(settings: "TrainSettings", rates: Rates, link: Link, *, vector: str = "sync") -> Plan:
+def predict(settings: "TrainSettings", rates: Rates, link: Link, *, vector: str = "sync", workers: int = 1) -> Plan:
     """Seconds per iteration (and the rest of `Plan`) of ``settings`` at ``rates`` on ``link``; ``vector``:
-    'sync' (the envs in stage0's process) or 'async' (one worker process each)."""
+    'sync' (the envs in stage0's process) or 'async' (one worker process each); ``workers``: the micro-batches
+    each stage takes at once (`part_workers`)."""
     envs, steps = settings.env.num_envs, settings.ppo.num_steps
     per_group, groups, minibatch = batches(settings)
     updates = settings.ppo.epochs * settings.ppo.minibatches
@@ -405,7 +411,7 @@ def predict(settings: "TrainSettings", rates: Rates, link: Link, *, vector: str 
         training = updates * (rates.train0 + rates.train1) + settings.ppo.epochs * rtt / 2
     else:
         update = minibatch_seconds(rates.train0, rates.train1, xfer(minibatch * rates.up_sample),
-                                   xfer(minibatch * rates.down_sample), rtt, micro)
+                                   xfer(minibatch * rates.down_sample), rtt, micro, workers)
         if link.shared:
             update = max(update, (rates.train0 + rates.train1) / cores)
         training = updates * update
@@ -429,6 +435,30 @@ def predict(settings: "TrainSettings", rates: Rates, link: Link, *, vector: str 
                 balance=rollout / training if training else math.inf)
 
 
+def part_workers(settings: "TrainSettings", threads: int, cores: int, configured: int = 0) -> int:
+    """The micro-batches a stage of ``settings`` takes at once on ``cores`` cores at ``threads`` intra-op threads
+    (``--part-workers``, ``configured``; 0 its default): 1 where its networks take them in turn
+    (`splitrl.schedule.workers.concurrent_safe`)."""
+    from .schedule.workers import worker_count
+
+    if settings.schedule.microbatches == 1 or not _concurrent_safe(dataclasses.replace(settings, schedule=type(
+            settings.schedule)())):
+        return 1
+    return worker_count(threads, configured, cores)
+
+
+@functools.lru_cache(maxsize=8)
+def _concurrent_safe(settings: "TrainSettings") -> bool:
+    """Whether both halves of ``settings``' network may take micro-batches at once (the schedule left out: the
+    same network for every layout)."""
+    from .envs import inspect_env
+    from .models import agent
+    from .schedule.workers import concurrent_safe
+
+    spec = inspect_env(settings.env)
+    return all(concurrent_safe(net) for net in agent(settings.for_observation(spec.observation), spec))
+
+
 def trains_alone(rates: Rates) -> bool:
     """Nothing crosses the link in training: the cut is at the input and stage1 trains the whole network."""
     return rates.up_sample == rates.down_sample == 0.0
@@ -438,18 +468,28 @@ FORWARD_SHARE = 1 / 3
 """Stage0's forward in its minibatch compute (forward, backward, step): a backward costs about two forwards."""
 
 
-def minibatch_seconds(train0: float, train1: float, up: float, down: float, rtt: float, micro: int) -> float:
-    """One training minibatch in ``micro`` micro-batches as `splitrl.schedule.pipelined` runs it: stage0
+def minibatch_seconds(train0: float, train1: float, up: float, down: float, rtt: float, micro: int,
+                      workers: int = 1) -> float:
+    """One training minibatch in ``micro`` micro-batches as `splitrl.schedule.training` runs it: stage0
     forwards every micro-batch and sends each as it is done, stage1 takes each as it arrives, and stage0
-    back-propagates each gradient as it arrives once its forwards are done; the link is full duplex (``up``,
-    ``down``: the whole minibatch's transfer each way) and each message also pays half the round trip."""
+    back-propagates each gradient as it arrives; the link is full duplex (``up``, ``down``: the whole
+    minibatch's transfer each way) and each message also pays half the round trip. Each stage takes up to
+    ``workers`` micro-batches at once (`splitrl.schedule.workers`), each part as soon as it is ready and a
+    worker is free; with one, its parts go in turn (stage0's backwards after all its forwards)."""
     forward, backward = train0 * FORWARD_SHARE / micro, train0 * (1 - FORWARD_SHARE) / micro
-    sent = heads = back = arrived = 0.0
-    for j in range(1, micro + 1):
-        sent = max(j * forward, sent) + up / micro
-        heads = max(sent + rtt / 2, heads) + train1 / micro
-        back = max(heads, back) + down / micro
-        arrived = max(back + rtt / 2, arrived, micro * forward) + backward
+    free0, free1 = [0.0] * max(1, workers), [0.0] * max(1, workers)
+
+    def take(free: list[float], ready: float, seconds: float) -> float:
+        i = min(range(len(free)), key=free.__getitem__)
+        free[i] = max(free[i], ready) + seconds
+        return free[i]
+
+    forwarded = [take(free0, 0.0, forward) for _ in range(micro)]
+    sent = back = arrived = 0.0
+    for j in range(micro):
+        sent = max(forwarded[j], sent) + up / micro
+        back = max(take(free1, sent + rtt / 2, train1 / micro), back) + down / micro  # replies go in order
+        arrived = max(arrived, take(free0, back + rtt / 2, backward))
     return arrived
 
 
@@ -485,5 +525,6 @@ def recommend(settings: "TrainSettings", run_dir: str | Path, link: Link, *, vec
     for name, candidate, threads in layouts(settings, allow_stale=allow_stale):
         rates = calibrate(run_dir, candidate, threads=threads, bytes_from=bytes_from, measured_link=measured_link,
                           timings=timings)
-        plans.append((name, candidate, predict(candidate, rates, link, vector=vector)))
+        plans.append((name, candidate, predict(candidate, rates, link, vector=vector,
+                                               workers=part_workers(candidate, threads, link.cores))))
     return sorted(plans, key=lambda p: (round(p[2].seconds, 6), p[2].staleness))

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from splitrl.cli import main
 from splitrl.errors import SettingsError
-from splitrl.plan import TCP_GOODPUT, Link, Rates, Timings, calibrate, layouts, load_run, predict
+from splitrl.plan import TCP_GOODPUT, Link, Rates, Timings, calibrate, layouts, load_run, minibatch_seconds, predict
 from splitrl.runs import iteration_bytes, measured_records, read_metrics
 from splitrl.settings import TrainSettings
 
@@ -199,8 +199,6 @@ def test_the_check_predicts_every_row_of_a_bench_from_its_reference(monkeypatch)
 
 
 def test_a_minibatch_in_micro_batches_overlaps_the_stages():
-    from splitrl.plan import minibatch_seconds
-
     # One micro-batch: everything in turn, one round trip.
     assert minibatch_seconds(3.0, 1.8, 0.2, 0.1, 0.02, 1) == pytest.approx(3.0 + 1.8 + 0.2 + 0.1 + 0.02)
     # Two: stage0 forwards both (0.5 s each), stage1 takes each as it comes (0.9 s), stage0 back-propagates each
@@ -272,3 +270,11 @@ def test_a_synchronous_run_records_its_rollouts_wait_on_the_link(tmp_path):
     assert train_in_process("--run-dir", str(tmp_path), *TINY).exit_code == 0
     for r in read_metrics(tmp_path):
         assert 0.0 <= r["time/link_wait_rollout"] <= r["time/iteration"]
+
+
+def test_micro_batches_taken_at_once_overlap_within_each_stage():
+    """Two micro-batches, stage0's forward 1 s and backward 2 s a minibatch, stage1's 2 s, no link: in turn the
+    parts chain (3.5 s); on two workers a side, both forwards, both losses and both backwards run at once (2.5 s)."""
+    assert minibatch_seconds(3.0, 2.0, 0.0, 0.0, 0.0, 2) == pytest.approx(3.5)
+    assert minibatch_seconds(3.0, 2.0, 0.0, 0.0, 0.0, 2, workers=2) == pytest.approx(2.5)
+    assert minibatch_seconds(3.0, 2.0, 0.0, 0.0, 0.0, 1, workers=2) == pytest.approx(5.0)  # one part: nothing to overlap

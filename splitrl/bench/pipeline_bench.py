@@ -45,7 +45,9 @@ MODES: dict[str, list[str]] = {
     "+ async envs": ["--vector", "async"],
     "+ 4 envs": ["--vector", "async", *QUAD],
     "+ pipelined rollout": ["--vector", "async", *QUAD, "--rollout-groups", "4", *OVERLAP],
-    "+ micro-batches": ["--vector", "async", *QUAD, "--rollout-groups", "4", "--microbatches", "2", *OVERLAP],
+    "+ micro-batches": ["--vector", "async", *QUAD, "--rollout-groups", "4", "--microbatches", "2", *OVERLAP,
+                        "--part-workers", "1"],
+    "+ micro-batches at once": ["--vector", "async", *QUAD, "--rollout-groups", "4", "--microbatches", "2", *OVERLAP],
     "+ async": ["--vector", "async", *QUAD, "--rollout-groups", "4", "--microbatches", "2", *OVERLAP, "--async"],
 }
 """Each row adds one mechanism to the one before; 'sync' is the synchronous schedule (1 env x 4096 steps)."""

@@ -176,7 +176,7 @@ def bench_e2e(iterations: int, repeats: int, out_dir: str | None, json_path: str
 
 @bench.command("pipeline")
 @click.option("--modes", default=",".join(["sync", "+ async envs", "+ 4 envs", "+ pipelined rollout", "+ micro-batches",
-                                           "+ async"]),
+                                           "+ micro-batches at once", "+ async"]),
               show_default=True, help="comma-separated rows; each adds one mechanism to the one before")
 @click.option("--rtt", "rtts", default="0,20", show_default=True,
               help="comma-separated round trips in ms; above 0 the runs go through the lab (needs root)")

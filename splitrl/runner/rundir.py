@@ -20,6 +20,7 @@ from ..devices import describe_device, resolve_device, use_device
 from ..envs import EnvSpec, inspect_env
 from ..models import agent
 from ..runs import CONFIG_NAMES, RunLog, intact_checkpoints, read_metrics, saved_config
+from ..schedule import workers
 from ..settings import RunOptions, SettingsError, TrainSettings
 from ..settings.specs import AUTO_MODEL, AUTO_MODELS
 from ..stages import STAGE0, STAGE1
@@ -44,6 +45,7 @@ def prepare(settings: TrainSettings, options: RunOptions, role: str) -> tuple[Tr
     this run's, but for ``total_steps``) or ``--overwrite`` (its metrics, episodes and checkpoints go)."""
     if options.threads > 0:  # first: the network built to check the settings inits on as many threads as the run's
         torch.set_num_threads(options.threads)
+    workers.configure(options.part_workers)
     settings, spec, run_dir = check(settings, options, role)
     devices = {stage: resolve_device(options.device(stage)) for stage in _stages(role)}
     for device in devices.values():

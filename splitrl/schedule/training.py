@@ -11,17 +11,25 @@ average.
 Stage1's side (`stage1_train`) is the mirror image for one stage0: a loss per part as its features arrive, the
 gradient sent back at once, one optimizer step a minibatch. A fleet's stage1 (`splitrl.schedule.fleet`) serves
 several edges' shares of each minibatch and sums their encoders, a loop of its own.
+
+Where a network may take its micro-batches at once (`splitrl.schedule.workers`), each side hands them to worker
+threads: stage0 forwards every part at once and back-propagates each as its gradient comes; stage1 takes each
+part's loss as its features come. The gradients add up in the parts' order, so the numbers are those of the
+parts taken in turn.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, Callable
 
 import torch
 
 from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..transport import Transport
 from .common import PhaseClock, expect, stops
+from .workers import PartWorkers, add_in_order, part_workers
 
 __all__ = ["Part", "Parts", "Step", "whole", "microbatches", "local_step", "stage0_train", "stage1_train"]
 
@@ -77,26 +85,37 @@ def stage0_train(edge: Edge, exchange: EdgeExchange, link: Transport, clock: Pha
     (default: `local_step`). ``on_epoch(epoch, last)`` after each epoch's last step (``last``: no epoch
     follows)."""
     step = step or local_step(edge, exchange, link, clock)
+    workers = part_workers(edge.net) if edge.params else None
     for epoch, minibatches in enumerate(order):
         for mb, idx in enumerate(minibatches):
+            split = parts(idx)
+            apart = workers is not None and len(split) > 1  # every part's forward at once, each backward as it can
+            forwards = [workers.submit("encoder", edge.forward, rows) for rows, _, _ in split] if apart else []
             sent = []
-            for rows, sent_idx, tag in parts(idx):
+            for k, (rows, sent_idx, tag) in enumerate(split):
                 with clock("encoder"):
-                    features = edge.forward(rows)
+                    features = forwards[k].result() if apart else edge.forward(rows)
                 with clock("codec"):
                     out, (tensors, header) = exchange.send(features, sent_idx)
                 with clock("link"):
                     link.send("train_fwd", tensors, {**header, "epoch": epoch, "mb": mb, **tag})
                 sent.append((out, tag))
             stop = False
+            backwards = []
             for k, (out, tag) in enumerate(sent):
                 with clock("link"):
                     reply = expect(link, "train_bwd", epoch=epoch, mb=mb, **tag)
                 stop = stops(reply, mb == len(minibatches) - 1 and k == len(sent) - 1)
                 with clock("codec"):
                     grad = exchange.grad(out, reply)
+                if apart:
+                    backwards.append(workers.submit("encoder", edge.part_gradients, out.out, grad))
+                else:
+                    with clock("encoder"):
+                        edge.backward(out.out, grad)
+            if apart:
                 with clock("encoder"):
-                    edge.backward(out.out, grad)
+                    add_in_order(edge.params, [b.result() for b in backwards])
             stop = step(epoch, mb, len(minibatches), bool(sent), stop)
             edge.progress.minibatch()
         if on_epoch is not None:
@@ -113,16 +132,21 @@ def stage1_train(learner: Learner, exchange: LearnerExchange, link: Transport, b
     one optimizer step a minibatch and the replica's update where one is due. ``on_epoch`` as in
     `stage0_train`."""
     stop = False
+    workers = part_workers(learner.heads) if exchange.apart else None
     for epoch, minibatches in enumerate(order):
         for mb, idx in enumerate(minibatches):
             sent = parts(idx)
-            for k, (part, _, tag) in enumerate(sent):
-                msg = expect(link, "train_fwd", epoch=epoch, mb=mb, **tag)
-                with busy("heads"):
-                    tensors, header = exchange.learn(msg, part, idx if len(sent) > 1 else None)
-                stop = mb == len(minibatches) - 1 and k == len(sent) - 1 and learner.stop_early()
-                link.send("train_bwd", tensors, {**header, "epoch": epoch, "mb": mb, **tag,
-                                                 **({"stop": True} if stop else {})})
+            last = mb == len(minibatches) - 1
+            if workers is not None and len(sent) > 1:
+                stop = _stage1_apart(learner, exchange, link, busy, workers, idx, sent, epoch, mb, last)
+            else:
+                for k, (part, _, tag) in enumerate(sent):
+                    msg = expect(link, "train_fwd", epoch=epoch, mb=mb, **tag)
+                    with busy("heads"):
+                        tensors, header = exchange.learn(msg, part, idx if len(sent) > 1 else None)
+                    stop = last and k == len(sent) - 1 and learner.stop_early()
+                    link.send("train_bwd", tensors, {**header, "epoch": epoch, "mb": mb, **tag,
+                                                     **({"stop": True} if stop else {})})
             with busy("heads"):
                 learner.optimizer_step()
                 update = exchange.update(epoch, mb)
@@ -132,3 +156,35 @@ def stage1_train(learner: Learner, exchange: LearnerExchange, link: Transport, b
             on_epoch(epoch, stop or epoch == len(order) - 1)
         if stop:
             break
+
+
+def _stage1_apart(learner: Learner, exchange: LearnerExchange, link: Transport, busy: PhaseClock,
+                  workers: PartWorkers, idx: torch.Tensor, sent: list[Part], epoch: int, mb: int, last: bool) -> bool:
+    """`stage1_train`'s minibatch ``idx`` in the ``sent`` parts, each part's loss on a worker as its features
+    come; each gradient goes back in the parts' order as soon as it and the ones before it are taken, and the
+    heads' gradients add up in that order (`add_in_order`). Returns whether the epochs stop here."""
+    taking: deque[tuple[Any, Future, dict[str, int]]] = deque()
+    grads: list[list[torch.Tensor | None]] = []
+    stop = False
+
+    def reply(wait: bool) -> None:
+        nonlocal stop
+        while taking and (wait or taking[0][1].done()):
+            part, future, tag = taking.popleft()
+            with busy("heads"):
+                (tensors, header), heads_grads = exchange.end_part(part, future.result, idx)
+            grads.append(heads_grads)
+            stop = last and not taking and len(grads) == len(sent) and learner.stop_early()
+            link.send("train_bwd", tensors, {**header, "epoch": epoch, "mb": mb, **tag,
+                                             **({"stop": True} if stop else {})})
+
+    for rows, _, tag in sent:
+        msg = expect(link, "train_fwd", epoch=epoch, mb=mb, **tag)
+        with busy("heads"):
+            x, part = exchange.begin_part(msg, rows)
+        taking.append((part, workers.submit("heads", learner.part_gradients, x, rows, idx), tag))
+        reply(wait=False)
+    reply(wait=True)
+    with busy("heads"):
+        add_in_order(learner.params, grads)
+    return stop

@@ -389,6 +389,10 @@ class RunOptions:
     checkpoint_every: int = doc(1, "save both stages every N iterations (0: only at the end); what --resume "
                                    "continues from", min=0)
     threads: int = doc(0, "torch intra-op threads (0: torch's default)", min=0)
+    part_workers: int = doc(0, "threads that take a minibatch's micro-batches (--microbatches) through a stage's "
+                               "network at once, with the numbers they get one after another (0: as many as this "
+                               "machine's cores hold --threads threads each, at least 2; 1: one after another)",
+                            min=0)
     stage0_device: str = doc("cpu", "where stage0 computes (its encoder, optimizer and rollout storage; the envs step "
                                     "on the CPU either way): cpu, cuda, cuda:N, or auto (cuda where this machine has "
                                     "one, else cpu); this stage's own choice, not in the handshake (`splitrl stage0 "

@@ -280,6 +280,11 @@ class Edge:
         """Back-propagate the gradient stage1 sent for ``out`` (gradients accumulate until the step)."""
         torch.autograd.backward(out, grad)
 
+    def part_gradients(self, out: torch.Tensor, grad: torch.Tensor) -> list[torch.Tensor | None]:
+        """`backward`'s gradients for the encoder's parameters, returned instead of accumulated (a micro-batch
+        on a worker thread: `splitrl.schedule.workers`)."""
+        return list(torch.autograd.grad(out, self.params, grad, allow_unused=True))
+
     # -- a fleet's one encoder (`splitrl.stages.fleet_encoder.EdgeEncoder`) ----------------
     def gradients(self) -> dict[str, torch.Tensor]:
         """The encoder's gradients since the last step, by name, which a fleet's edges add up through stage1

@@ -21,8 +21,9 @@ satisfy; so neither half depends on the stage classes.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 from torch import nn
@@ -88,6 +89,14 @@ class LearnerSide(Protocol):
     def loss(self, idx: torch.Tensor, mean: torch.Tensor, value: torch.Tensor,
              minibatch: torch.Tensor | None = None) -> torch.Tensor:
         """The PPO loss of samples ``idx`` given the heads' outputs on their inputs."""
+
+    def part_gradients(self, x: torch.Tensor, idx: torch.Tensor, minibatch: torch.Tensor
+                       ) -> tuple[list[torch.Tensor | None], dict[str, float]]:
+        """A part's `loss` on the heads' inputs ``x``: (the gradients of ``x`` and of the heads' trainable
+        parameters, returned instead of accumulated; its statistics, for `keep`)."""
+
+    def keep(self, stats: dict[str, float], idx: torch.Tensor, minibatch: torch.Tensor | None = None) -> None:
+        """Keep a part's statistics from `part_gradients`."""
 
     def rescore(self, idx: torch.Tensor, x: torch.Tensor) -> None:
         """Score samples ``idx`` again with the heads on ``x``."""
@@ -158,6 +167,21 @@ class LearnerExchange:
         ``--exchange features`` a `ProtocolError` naming the features."""
         raise NotImplementedError
 
+    apart = False
+    """Whether a micro-batch's loss may be taken apart from the others' (`begin_part`, `end_part`): on a worker
+    thread, the parts at once (`splitrl.schedule.workers`)."""
+
+    def begin_part(self, msg: Message, idx: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Part ``idx``'s ``train_fwd`` decoded for its loss to be taken apart (`LearnerSide.part_gradients`):
+        (the heads' input, a leaf; what `end_part` needs)."""
+        raise NotImplementedError
+
+    def end_part(self, part: Any, taken: Callable[[], tuple[list[torch.Tensor | None], dict[str, float]]],
+                 minibatch: torch.Tensor) -> tuple[Payload, list[torch.Tensor | None]]:
+        """A part `begin_part` began, once ``taken()`` gives what `LearnerSide.part_gradients` returned: its
+        statistics kept (call in the parts' order), its ``train_bwd`` contents and the heads' gradients."""
+        raise NotImplementedError
+
     def features(self, msg: Message, idx: torch.Tensor) -> torch.Tensor:
         """What ``train_fwd`` carries for samples ``idx``, decoded and checked (a fleet reads every edge's share
         of a minibatch before any loss, and drops an edge whose share fails)."""
@@ -189,6 +213,16 @@ class FeaturesEdge(EdgeExchange):
         return Sent(features, Context(idx=idx, mask=mask, global_step=ctx.global_step)), (tensors, header)
 
 
+@contextmanager
+def _finite(msg: Message) -> Iterator[None]:
+    """A loss that is not finite (`PPOUpdate.measure`), refused before any statistic or gradient: an error naming
+    the features ``msg`` carried."""
+    try:
+        yield
+    except FloatingPointError as exc:
+        raise ProtocolError(f"{msg.kind}: tensor 'features': {exc}") from None
+
+
 class FeaturesLearner(LearnerExchange):
     def _features(self, msg: Message, idx: torch.Tensor, step: int) -> torch.Tensor:
         """The encoder's output for samples ``idx`` as stage1 sees it (through the fwd codec), in the training
@@ -204,19 +238,35 @@ class FeaturesLearner(LearnerExchange):
         # Decoded as the training about to begin decodes its features.
         self.learner.rescore(idx, self._features(msg, idx, self.learner.rescore_step))
 
+    apart = True
+
     def learn(self, msg: Message, idx: torch.Tensor, minibatch: torch.Tensor | None = None,
               seen: torch.Tensor | None = None) -> Payload:
         learner = self.learner
-        step = learner.train_step
-        seen = self._features(msg, idx, step) if seen is None else seen
-        x = seen.detach().requires_grad_()
-        try:
+        x, part = self.begin_part(msg, idx, seen)
+        with _finite(msg):
             loss = learner.loss(idx, *learner.heads.outputs(x), minibatch)
-        except FloatingPointError as exc:  # a loss that is not finite, refused before any statistic or gradient
-            raise ProtocolError(f"{msg.kind}: tensor 'features': {exc}") from None
         loss.backward()
+        return self._reply(part, x.grad)
+
+    def begin_part(self, msg: Message, idx: torch.Tensor,
+                   seen: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[Message, Context]]:
+        step = self.learner.train_step
+        seen = self._features(msg, idx, step) if seen is None else seen
+        ctx = Context(idx=idx, mask=relu_mask(self.learner.settings, seen), global_step=step)
+        return seen.detach().requires_grad_(), (msg, ctx)
+
+    def end_part(self, part: tuple[Message, Context],
+                 taken: Callable[[], tuple[list[torch.Tensor | None], dict[str, float]]],
+                 minibatch: torch.Tensor) -> tuple[Payload, list[torch.Tensor | None]]:
+        msg, ctx = part
+        with _finite(msg):
+            grads, stats = taken()
+        self.learner.keep(stats, ctx.idx, minibatch)
+        return self._reply(part, grads[0]), grads[1:]
+
+    def _reply(self, part: tuple[Message, Context], grad: torch.Tensor | None) -> Payload:
         tensors, header = {}, {}
-        mask = relu_mask(learner.settings, seen)
-        self.codecs.pack("bwd", "grad", x.grad, Context(idx=idx, mask=mask, global_step=step), tensors, header)
+        self.codecs.pack("bwd", "grad", grad, part[1], tensors, header)
         return tensors, header
 

@@ -306,6 +306,18 @@ class Learner:
         fleet edge's share): the parts' gradients, and their statistics, add up to the minibatch's."""
         return self.update.loss(self.train_buffer, idx, mean, value, minibatch)
 
+    def part_gradients(self, x: torch.Tensor, idx: torch.Tensor, minibatch: torch.Tensor
+                       ) -> tuple[list[torch.Tensor | None], dict[str, float]]:
+        """A part's loss (`loss`) on the heads' inputs ``x`` (a leaf), its gradients returned instead of accumulated
+        (a micro-batch on a worker thread: `splitrl.schedule.workers`): ([the gradient of ``x``, then each of the
+        heads' trainable parameters'], its statistics, for `keep`)."""
+        loss, stats = self.update.measure(self.train_buffer, idx, *self.heads.outputs(x), minibatch)
+        return list(torch.autograd.grad(loss, [x, *self.params], allow_unused=True)), stats
+
+    def keep(self, stats: dict[str, float], idx: torch.Tensor, minibatch: torch.Tensor | None = None) -> None:
+        """Keep a part's statistics from `part_gradients`, in the parts' order."""
+        self.update.keep(stats, idx, minibatch)
+
     def optimizer_step(self) -> None:
         self.update.step()
 

@@ -67,7 +67,15 @@ class PPOUpdate:
     def loss(self, buffer: RolloutBuffer, idx: torch.Tensor, mean: torch.Tensor, value: torch.Tensor,
              minibatch: torch.Tensor | None = None) -> torch.Tensor:
         """The PPO loss of samples ``idx`` of ``buffer`` given the heads' outputs on their inputs (``mean``,
-        ``value``); ``minibatch``: the whole minibatch when ``idx`` is a part of it."""
+        ``value``); ``minibatch``: the whole minibatch when ``idx`` is a part of it. Its statistics are kept."""
+        loss, stats = self.measure(buffer, idx, mean, value, minibatch)
+        self.keep(stats, idx, minibatch)
+        return loss
+
+    def measure(self, buffer: RolloutBuffer, idx: torch.Tensor, mean: torch.Tensor, value: torch.Tensor,
+                minibatch: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """`loss` without keeping its statistics: (the loss, weighted by the part's share of ``minibatch``; its
+        statistics), for `keep` to keep in the parts' order (a part's loss taken on a worker thread)."""
         ppo = self.ppo
         whole = idx if minibatch is None else minibatch
         advantages = buffer.b_advantages[idx]
@@ -85,14 +93,17 @@ class PPOUpdate:
         total = float(loss.detach())  # (its statistics were read back already: no extra wait on a device)
         if not math.isfinite(total):  # refused before its statistics join the minibatch's
             raise FloatingPointError(f"the PPO loss of these {len(idx)} samples is {total}")
+        return (loss if minibatch is None else loss * (len(idx) / len(minibatch))), stats
+
+    def keep(self, stats: dict[str, float], idx: torch.Tensor, minibatch: torch.Tensor | None = None) -> None:
+        """The statistics `measure` gave for samples ``idx``: the minibatch's, or a part's share of them."""
         if minibatch is None:
             for key, v in stats.items():
                 self.stats[key].append(v)
-            return loss
+            return
         share = len(idx) / len(minibatch)
         for key, v in stats.items():
             self._parts[key] = self._parts.get(key, 0.0) + v * share
-        return loss * share
 
     def _minibatch_done(self) -> None:
         """The statistics of a minibatch taken in parts, as one entry (each is linear in the samples; summed over
