@@ -30,7 +30,7 @@ import numpy as np
 
 from .errors import SettingsError
 from . import plan as planner
-from .plan import Link, Plan, Timings, batches, calibrate, load_run, predict
+from .plan import Link, Plan, Timings, batches, calibrate, load_run, planned_workers, predict
 
 if TYPE_CHECKING:
     from .settings import TrainSettings
@@ -97,5 +97,6 @@ def plan_cuts(settings: "TrainSettings", run_dir: str | Path, link: Link, *, vec
             act1=max(0.0, beyond["act1"] + act1 / server_speed),
             train0=max(0.0, beyond["train0"] + train0 / edge_speed),
             train1=max(0.0, beyond["train1"] + train1 / server_speed), **stream)
-        out.append(CutPlan(cut, sent, predict(candidate, cut_rates, link, vector=vector)))
+        out.append(CutPlan(cut, sent, predict(candidate, cut_rates, link, vector=vector,
+                                              workers=planned_workers(candidate, threads, link.cores))))
     return sorted(out, key=lambda p: p.plan.seconds)

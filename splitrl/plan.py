@@ -373,7 +373,7 @@ def load_run(run_dir: str | Path) -> RunConfig:
 def predict(settings: "TrainSettings", rates: Rates, link: Link, *, vector: str = "sync", workers: int = 1) -> Plan:
     """Seconds per iteration (and the rest of `Plan`) of ``settings`` at ``rates`` on ``link``; ``vector``:
     'sync' (the envs in stage0's process) or 'async' (one worker process each); ``workers``: the micro-batches
-    each stage takes at once (`part_workers`)."""
+    each stage takes at once (`planned_workers`)."""
     envs, steps = settings.env.num_envs, settings.ppo.num_steps
     per_group, groups, minibatch = batches(settings)
     updates = settings.ppo.epochs * settings.ppo.minibatches
@@ -435,7 +435,7 @@ def predict(settings: "TrainSettings", rates: Rates, link: Link, *, vector: str 
                 balance=rollout / training if training else math.inf)
 
 
-def part_workers(settings: "TrainSettings", threads: int, cores: int, configured: int = 0) -> int:
+def planned_workers(settings: "TrainSettings", threads: int, cores: int, configured: int = 0) -> int:
     """The micro-batches a stage of ``settings`` takes at once on ``cores`` cores at ``threads`` intra-op threads
     (``--part-workers``, ``configured``; 0 its default): 1 where its networks take them in turn
     (`splitrl.schedule.workers.concurrent_safe`)."""
@@ -519,12 +519,13 @@ def layouts(settings: "TrainSettings", *, allow_stale: bool = False) -> list[tup
 
 def recommend(settings: "TrainSettings", run_dir: str | Path, link: Link, *, vector: str,
               bytes_from: str | Path | None = None, allow_stale: bool = False, measured_link: Link = Link(),
-              timings: Timings | None = None) -> list[tuple[str, "TrainSettings", Plan]]:
-    """Every `layouts` candidate's plan on ``link``, fastest first."""
+              timings: Timings | None = None, part_workers: int = 0) -> list[tuple[str, "TrainSettings", Plan]]:
+    """Every `layouts` candidate's plan on ``link``, fastest first (``part_workers``: ``--part-workers``)."""
     plans = []
     for name, candidate, threads in layouts(settings, allow_stale=allow_stale):
         rates = calibrate(run_dir, candidate, threads=threads, bytes_from=bytes_from, measured_link=measured_link,
                           timings=timings)
         plans.append((name, candidate, predict(candidate, rates, link, vector=vector,
-                                               workers=part_workers(candidate, threads, link.cores))))
+                                               workers=planned_workers(candidate, threads, link.cores,
+                                                                       part_workers))))
     return sorted(plans, key=lambda p: (round(p[2].seconds, 6), p[2].staleness))

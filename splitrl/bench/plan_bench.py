@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..units import parse_rate
-from ..plan import Link, Timings, calibrate, load_run, part_workers, predict
+from ..plan import Link, Timings, calibrate, load_run, planned_workers, predict
 
 __all__ = ["CHECKS", "Check", "check_plan", "plan_table"]
 
@@ -78,7 +78,7 @@ def check_plan(checks: Sequence[Check] = CHECKS, *, root: str | Path = ".",
             rates = calibrate(Path(root) / reference["run_dir"], run.settings, threads=run.threads,
                               measured_link=measured_link, timings=timings)
             plan = predict(run.settings, rates, link, vector=run.vector,
-                           workers=part_workers(run.settings, run.threads, link.cores, run.part_workers))
+                           workers=planned_workers(run.settings, run.threads, link.cores, run.part_workers))
             mode = r.get("mode") or r["config"]
             row = {
                 "bench": check.path, "mode": mode, "rtt_ms": r.get("rtt_ms", 0.0), "rate": rate,

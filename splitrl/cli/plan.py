@@ -49,7 +49,7 @@ def plan(settings: TrainSettings, options: RunOptions, calibration: str, bytes_f
     (`splitrl.cutplan`: each cut's two halves timed here for a few seconds)."""
     from ..envs import choose_vector
     from ..units import parse_rate
-    from ..plan import Link, Timings, calibrate, load_run, predict
+    from ..plan import Link, Timings, calibrate, load_run, planned_workers, predict
     from ..plan import recommend as plan_all
 
     def go() -> None:
@@ -69,10 +69,12 @@ def plan(settings: TrainSettings, options: RunOptions, calibration: str, bytes_f
         if not recommend:
             rates = calibrate(calibration, settings, threads=options.threads, bytes_from=bytes_from, measured_link=measured,
                               timings=timings)
-            click.echo(_table([(settings.schedule.mode, predict(settings, rates, link, vector=vector))]))
+            workers = planned_workers(settings, options.threads, link.cores, options.part_workers)
+            click.echo(_table([(settings.schedule.mode, predict(settings, rates, link, vector=vector,
+                                                                 workers=workers))]))
             return
         plans = plan_all(settings, calibration, link, vector=vector, bytes_from=bytes_from, allow_stale=allow_stale,
-                         measured_link=measured, timings=timings)
+                         measured_link=measured, timings=timings, part_workers=options.part_workers)
         click.echo(_table([(name, p) for name, _, p in plans]))
         lossless = [p for p in plans if p[2].staleness == 0]
         name, _, best = lossless[0]

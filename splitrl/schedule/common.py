@@ -38,7 +38,8 @@ def torch_thread(target: Callable[[], None], name: str) -> threading.Thread:
     ``set_num_threads(1)`` in its parent gives the many-thread numbers, not the one-thread ones: the twin's
     stage1 thread would fold an autoencoder's decoder differently from stage1's own process, and an
     asynchronous schedule's rollout thread would run its products on every core. Each
-    such thread has its threads of its own: while both compute, the process uses up to twice ``--threads``."""
+    such thread has its threads of its own: while both compute, the process uses up to twice ``--threads`` (and
+    each micro-batch worker, `splitrl.schedule.workers`, as many again)."""
     threads = torch.get_num_threads()
 
     def run() -> None:

@@ -16,7 +16,9 @@ headers):
 - training: each minibatch goes in M micro-batches (``--microbatches``, GPipe):
   stage0 sends each micro-batch's forward as soon as it is computed, so stage1's
   heads work on micro-batch j while stage0 forwards j + 1; then stage0
-  back-propagates each gradient as it arrives. Gradients add up; one optimizer
+  back-propagates each gradient as it arrives. Each stage takes its micro-batches
+  at once on worker threads where its network allows (`workers`), with the
+  numbers of one after another. Gradients add up; one optimizer
   step per minibatch on each side, so with lossless codecs the update is the
   unpipelined one up to the order of float sums (codecs that choose per message,
   such as ef's top-k, choose per micro-batch).

@@ -21,7 +21,6 @@ parts taken in turn.
 from __future__ import annotations
 
 from collections import deque
-from concurrent.futures import Future
 from typing import Any, Callable
 
 import torch
@@ -29,7 +28,7 @@ import torch
 from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..transport import Transport
 from .common import PhaseClock, expect, stops
-from .workers import PartWorkers, add_in_order, part_workers
+from .workers import PartWorkers, Task, add_in_order, part_workers
 
 __all__ = ["Part", "Parts", "Step", "whole", "microbatches", "local_step", "stage0_train", "stage1_train"]
 
@@ -90,11 +89,14 @@ def stage0_train(edge: Edge, exchange: EdgeExchange, link: Transport, clock: Pha
         for mb, idx in enumerate(minibatches):
             split = parts(idx)
             apart = workers is not None and len(split) > 1  # every part's forward at once, each backward as it can
-            forwards = [workers.submit("encoder", edge.forward, rows) for rows, _, _ in split] if apart else []
+            forwards = [workers.submit(clock, "encoder", edge.forward, rows) for rows, _, _ in split] if apart else []
             sent = []
             for k, (rows, sent_idx, tag) in enumerate(split):
-                with clock("encoder"):
-                    features = forwards[k].result() if apart else edge.forward(rows)
+                if apart:
+                    features = forwards[k].result()  # (its seconds: the worker's, in clock's "encoder")
+                else:
+                    with clock("encoder"):
+                        features = edge.forward(rows)
                 with clock("codec"):
                     out, (tensors, header) = exchange.send(features, sent_idx)
                 with clock("link"):
@@ -109,13 +111,14 @@ def stage0_train(edge: Edge, exchange: EdgeExchange, link: Transport, clock: Pha
                 with clock("codec"):
                     grad = exchange.grad(out, reply)
                 if apart:
-                    backwards.append(workers.submit("encoder", edge.part_gradients, out.out, grad))
+                    backwards.append(workers.submit(clock, "encoder", edge.part_gradients, out.out, grad))
                 else:
                     with clock("encoder"):
                         edge.backward(out.out, grad)
             if apart:
+                grads = [b.result() for b in backwards]
                 with clock("encoder"):
-                    add_in_order(edge.params, [b.result() for b in backwards])
+                    add_in_order(edge.params, grads)
             stop = step(epoch, mb, len(minibatches), bool(sent), stop)
             edge.progress.minibatch()
         if on_epoch is not None:
@@ -160,19 +163,21 @@ def stage1_train(learner: Learner, exchange: LearnerExchange, link: Transport, b
 
 def _stage1_apart(learner: Learner, exchange: LearnerExchange, link: Transport, busy: PhaseClock,
                   workers: PartWorkers, idx: torch.Tensor, sent: list[Part], epoch: int, mb: int, last: bool) -> bool:
-    """`stage1_train`'s minibatch ``idx`` in the ``sent`` parts, each part's loss on a worker as its features
-    come; each gradient goes back in the parts' order as soon as it and the ones before it are taken, and the
-    heads' gradients add up in that order (`add_in_order`). Returns whether the epochs stop here."""
-    taking: deque[tuple[Any, Future, dict[str, int]]] = deque()
+    """`stage1_train`'s minibatch ``idx`` in the ``sent`` parts, each part's loss taken on a worker as its features
+    come. Whenever a part's features come, the gradients of the parts taken by then go back, in the parts' order;
+    the rest once all have come. The heads' gradients add up in that order (`add_in_order`). Returns whether the
+    epochs stop here."""
+    taking: deque[tuple[Any, Task, dict[str, int]]] = deque()
     grads: list[list[torch.Tensor | None]] = []
     stop = False
 
     def reply(wait: bool) -> None:
         nonlocal stop
         while taking and (wait or taking[0][1].done()):
-            part, future, tag = taking.popleft()
+            part, task, tag = taking.popleft()
+            task.wait()  # (the worker's seconds count as "heads" in `result`, not this wait)
             with busy("heads"):
-                (tensors, header), heads_grads = exchange.end_part(part, future.result, idx)
+                (tensors, header), heads_grads = exchange.end_part(part, task.result, idx)
             grads.append(heads_grads)
             stop = last and not taking and len(grads) == len(sent) and learner.stop_early()
             link.send("train_bwd", tensors, {**header, "epoch": epoch, "mb": mb, **tag,
@@ -182,7 +187,7 @@ def _stage1_apart(learner: Learner, exchange: LearnerExchange, link: Transport, 
         msg = expect(link, "train_fwd", epoch=epoch, mb=mb, **tag)
         with busy("heads"):
             x, part = exchange.begin_part(msg, rows)
-        taking.append((part, workers.submit("heads", learner.part_gradients, x, rows, idx), tag))
+        taking.append((part, workers.submit(busy, "heads", learner.part_gradients, x, rows, idx), tag))
         reply(wait=False)
     reply(wait=True)
     with busy("heads"):

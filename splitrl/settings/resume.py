@@ -26,8 +26,8 @@ RUNTIME = ("timeout", "start_timeout", "heartbeat", "rejoin", "min_edges", "thre
 machine, not what the run computes or records. Liveness (how long to wait for the peer, how a lost one is noticed
 and waited for, how many edges a fleet trains on with when one fails), the machine (torch's threads, the
 micro-batches' workers, each stage's device, whether the envs step in worker processes), the link (its transport
-and keys: the same frames cross either way), and housekeeping (how often checkpoints are written and how many are kept, TensorBoard files beside
-metrics.jsonl, logging to Weights & Biases, videos of the evaluations). A stage moved to another device or thread
+and keys: the same frames cross either way), and housekeeping (how often checkpoints are written and how many
+are kept, TensorBoard files beside metrics.jsonl, logging to Weights & Biases, videos of the evaluations). A stage moved to another device or thread
 count computes the same maths, though not always to the last bit. Every other option is fixed by the run: the
 training settings (`TrainSettings`) and the options that change what it computes or records (``--eval-every``,
 ``--eval-episodes``, ``--act-wait``, ``--learners``, ``--edge-id``)."""

@@ -184,9 +184,10 @@ class ScheduleSettings:
              "(Sample Factory's double-buffered sampling); a divisor of --num-envs, or 'auto' (from the measured "
              "round trip and env step time: K >= 1 + RTT / step time)")
     microbatches: int = doc(
-        1, "micro-batches per training minibatch (GPipe): stage0 forwards micro-batch j+1 while stage1 computes "
-           "j; gradients add up, one optimizer step per minibatch on each side (codecs that choose per message, "
-           "such as ef's top-k, choose per micro-batch)", min=1)
+        1, "micro-batches per training minibatch (GPipe): stage1 computes micro-batch j while stage0 forwards "
+           "j+1, each stage taking its micro-batches at once on --part-workers threads; gradients add up, one "
+           "optimizer step per minibatch on each side (codecs that choose per message, such as ef's top-k, choose "
+           "per micro-batch)", min=1)
     asynchronous: bool = doc(
         False, "train iteration i while the rollout of i+1 runs, acting with the newest finished policy "
                "(swapped in flight); importance-weighted value targets for samples an older policy acted on",
@@ -391,8 +392,8 @@ class RunOptions:
     threads: int = doc(0, "torch intra-op threads (0: torch's default)", min=0)
     part_workers: int = doc(0, "threads that take a minibatch's micro-batches (--microbatches) through a stage's "
                                "network at once, with the numbers they get one after another (0: as many as this "
-                               "machine's cores hold --threads threads each, at least 2; 1: one after another)",
-                            min=0)
+                               "machine's cores hold --threads threads each, so one with torch's default threads; "
+                               "1: one after another)", min=0)
     stage0_device: str = doc("cpu", "where stage0 computes (its encoder, optimizer and rollout storage; the envs step "
                                     "on the CPU either way): cpu, cuda, cuda:N, or auto (cuda where this machine has "
                                     "one, else cpu); this stage's own choice, not in the handshake (`splitrl stage0 "

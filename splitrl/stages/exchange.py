@@ -171,9 +171,9 @@ class LearnerExchange:
     """Whether a micro-batch's loss may be taken apart from the others' (`begin_part`, `end_part`): on a worker
     thread, the parts at once (`splitrl.schedule.workers`)."""
 
-    def begin_part(self, msg: Message, idx: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """Part ``idx``'s ``train_fwd`` decoded for its loss to be taken apart (`LearnerSide.part_gradients`):
-        (the heads' input, a leaf; what `end_part` needs)."""
+    def begin_part(self, msg: Message, idx: torch.Tensor, seen: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
+        """Part ``idx``'s ``train_fwd`` decoded (``seen``: as `learn`'s) for its loss to be taken apart
+        (`LearnerSide.part_gradients`): (the heads' input, a leaf; what `end_part` needs)."""
         raise NotImplementedError
 
     def end_part(self, part: Any, taken: Callable[[], tuple[list[torch.Tensor | None], dict[str, float]]],
