@@ -86,7 +86,8 @@ def role_of(process: str) -> str:
 
 def account(raw: str, rate: float) -> dict[str, dict[str, float]]:
     """CPU seconds by process role and part, from py-spy's raw output sampled at ``rate`` Hz."""
-    seconds: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    samples = []
+    forked: dict[str, str] = {}  # a forked stage's pid -> its role, from its main thread's frames
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack:
@@ -95,15 +96,21 @@ def account(raw: str, rate: float) -> dict[str, dict[str, float]]:
         processes = list(itertools.takewhile(_PROCESS.match, frames))  # each parent's, then the sampled one's
         frames = frames[len(processes):]
         role = role_of(processes[-1]) if processes else "?"
-        # a forked stage keeps its launcher's command line: its thread names the stage's loop
+        pid = processes[-1].partition(":")[0] if processes else ""
+        # a forked stage keeps its launcher's command line: its main thread names the stage's loop
         if role == "launcher" and any(f.startswith(("serve_stage0 ", "run_stage0 ")) for f in frames):
-            role = "stage0"
+            role = forked[pid] = "stage0"
         elif role == "launcher" and any(f.startswith(("serve_stage1 ", "run_stage1 ", "serve_fleet ",
                                                       "_run_fleet_stage1 ")) for f in frames):
-            role = "stage1"
+            role = forked[pid] = "stage1"
         if any(f.startswith("_async_worker ") for f in frames):  # forked by a stage: its command line, its own work
             role = "env workers"
-        seconds[role][part_of(frames)] += int(count) / rate
+        samples.append((pid, role, frames, int(count)))
+    seconds: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for pid, role, frames, count in samples:
+        if role == "launcher":  # another thread of a forked stage (its micro-batches' workers) is the stage's
+            role = forked.get(pid, role)
+        seconds[role][part_of(frames)] += count / rate
     return {role: dict(parts.most_common()) for role, parts in sorted(seconds.items())}
 
 
