@@ -1,7 +1,7 @@
 """Where each stage's thread is busy within one iteration, drawn from the spans a traced run wrote.
 
     SPLITRL_TIMELINE=DIR splitrl run ...            # every process appends its phases' spans to DIR
-    python benchmarks/timeline.py DIR [--iteration 2] [--out timeline.png] [--json FILE]
+    python benchmarks/timeline.py DIR [--iteration 2] [--out timeline.png] [--json FILE] [--spans FROM:TO]
 
 A span is one phase of a `PhaseClock` (`splitrl/schedule/common.py`): stage0's ``env`` (stepping the envs, or
 waiting for its worker processes), ``encoder`` (forwards, backwards and steps), ``codec``, ``link`` (sending,
@@ -9,7 +9,8 @@ and waiting for stage1's answer) and ``pace``; stage1's ``heads`` (everything it
 iteration as stage0 saw it (its first span's start to its last span's end). Prints, for each process's thread,
 the seconds of each phase in the window and the seconds in no phase (the loops' own Python between phases, or
 nothing to do); ``--out`` draws the rows (matplotlib). The env worker processes are not traced: stage0's
-``env`` spans show when it waits for them.
+``env`` spans show when it waits for them. ``--spans FROM:TO`` also lists every span that starts between FROM and
+TO seconds into the iteration, in order, in milliseconds from FROM: a few minibatches up close.
 """
 
 from __future__ import annotations
@@ -85,6 +86,18 @@ def draw(window: tuple[float, float], rows: list[Row], path: Path, title: str) -
     fig.savefig(path, dpi=100)
 
 
+def spans_between(window: tuple[float, float], rows: list[Row], start: float, stop: float) -> str:
+    """Markdown: each span starting ``start`` to ``stop`` seconds into the window, in order of its start, in
+    milliseconds from ``start``."""
+    origin = window[0] + start
+    spans = sorted((begin, end, name, phase) for name, row in rows for phase, begin, end in row
+                   if origin <= begin < window[0] + stop)
+    lines = ["| from ms | to ms | ms | thread | phase |", "|---:|---:|---:|---|---|"]
+    lines += [f"| {1e3 * (b - origin):.1f} | {1e3 * (e - origin):.1f} | {1e3 * (e - b):.1f} | {name} | {phase} |"
+              for b, e, name, phase in spans]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", type=Path)
@@ -92,6 +105,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="draw the rows into this PNG")
     parser.add_argument("--title", default="")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--spans", default=None, help="FROM:TO seconds into the iteration: list those spans")
     args = parser.parse_args()
     window, rows = load(args.directory, args.iteration)
     table = account(window, rows)
@@ -102,6 +116,9 @@ def main() -> None:
     for r in table:
         cells = [f"{r['phases'].get(p, 0.0):.1f}" for p in phases]
         print(f"| {r['row']} | " + " | ".join(cells) + f" | {r['in no phase']:.1f} |")
+    if args.spans:
+        start, _, stop = args.spans.partition(":")
+        print(spans_between(window, rows, float(start), float(stop)))
     if args.out:
         draw(window, rows, args.out, args.title or f"iteration {args.iteration}")
     if args.json:
