@@ -14,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from . import stops
 from .allocator import keep_freed_memory
 from .carracing import draw_road_faster
 from .settings import VECTOR_MODES, EnvSettings, SettingsError
@@ -110,11 +111,13 @@ class Replayable(gym.Wrapper):
         # The generator as the reset found it: an episode begun without a seed draws its track from it.
         state = None if seed is not None else copy.deepcopy(self.unwrapped.np_random.bit_generator.state)
         self.start, self.actions = {"seed": seed, "rng": state}, []
-        return super().reset(seed=seed, options=options)
+        with stops.kept():  # CarRacing draws with pygame, which can drop a Ctrl-C (`splitrl.stops`)
+            return super().reset(seed=seed, options=options)
 
     def step(self, action):
         self.actions.append(np.array(action, copy=True))
-        return super().step(action)
+        with stops.kept():
+            return super().step(action)
 
     def snapshot(self) -> dict[str, Any]:
         actions = np.stack(self.actions) if self.actions else np.zeros((0,) + self.action_space.shape, np.float32)

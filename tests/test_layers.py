@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ppo",),
     ("transport",),
     ("netem",),
-    ("runs", "summary", "checkpoints", "launch", "errors", "units", "devices", "lazy", "allocator"),
+    ("runs", "summary", "checkpoints", "launch", "errors", "units", "devices", "lazy", "allocator", "stops"),
 ]
 """Top to bottom; a module may import its own layer and the layers below it."""
 

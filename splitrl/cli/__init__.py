@@ -12,13 +12,11 @@ error is `errors`; `fork` starts the stages of ``splitrl run``. Every command im
 from __future__ import annotations
 
 import logging
-import signal
-import time
-from typing import Any
 
 import click
 
 from ..allocator import keep_freed_memory
+from ..stops import install as install_stops
 from .bench import bench
 from .bench_cuts import bench_cuts
 from .bench_greedy import bench_greedy
@@ -31,34 +29,6 @@ from .tools import codecs_cmd, keys, report, upgrade_checkpoints
 from .train import curve, run, stage0, stage1, train
 
 __all__ = ["main", "run_cli", "training_options"]
-
-
-_REPEAT_WINDOW_S = 2.0
-"""A second stop signal this soon after the first is the same stop (see `_interrupt`)."""
-_first_stop: float | None = None
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    """Stop by raising KeyboardInterrupt; a second signal within `_REPEAT_WINDOW_S` is the same stop and is
-    dropped. A terminal's Ctrl-C reaches `splitrl run` and both stages at once, and the launcher then sends each
-    stage SIGTERM: raised again, that cut the stage's cleanup short (a traceback from wherever it landed, a
-    socket's deallocation once). A later one still interrupts a cleanup that hangs."""
-    global _first_stop
-    now = time.monotonic()
-    if _first_stop is not None and now - _first_stop < _REPEAT_WINDOW_S:
-        return
-    _first_stop = now
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-def _install_signal_handlers() -> None:
-    """SIGINT and SIGTERM both stop a stage the same way: tell the peer, clean up, exit 130.
-
-    SIGINT is set explicitly because a process started in the background by a
-    non-interactive shell inherits it ignored.
-    """
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -83,7 +53,7 @@ Environment:
 def main(verbose: bool) -> None:
     """splitrl: PPO split across a slow link, with every byte counted."""
     _setup_logging(verbose)
-    _install_signal_handlers()
+    install_stops()
     keep_freed_memory()
 
 
