@@ -116,6 +116,9 @@ class PPOSettings:
                            finite=True)
     lr_log_std: float = doc(0.0, "Adam learning rate of the policy's log-std (0: --lr-heads, as the paper; at "
                                  "1e-5 the spread barely moves over a run)", min=0.0, finite=True, note="0: --lr-heads")
+    log_std_floor: float = doc(-5.0, "the least value the policy's log-std learns to: set back to it after any step "
+                                     "that takes it lower (-5: the clamp's own, as the paper)", min=-5.0, max=2.0,
+                                note="-5: no floor but the clamp")
     fused_adam: bool = doc(False, "step PPO's Adam (encoder and heads) with torch's fused kernel, one pass over each "
                                   "tensor (on CPU the heads' "
                                   "step on one thread 17 -> 3 ms); not bit for bit the default's values (the last "

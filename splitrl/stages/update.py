@@ -12,7 +12,7 @@ For every minibatch of every epoch:
    sends the gradient at the cut to stage0, whose encoder takes it on (stage1 alone, with the cut before
    the first layer: `splitrl.stages.learner.Learner.train_alone`).
 3. `PPOUpdate.step`: the gradients summed over stage1's learners (`splitrl.stages.learners`), clipped to
-   ``max_grad_norm``, and the optimizer's step.
+   ``max_grad_norm``, and the optimizer's step; a log-std below ``--log-std-floor`` is set back to it.
 
 After each epoch, `PPOUpdate.stop_early` is CleanRL's ``target_kl``. The advantages and returns come from
 GAE when training begins (`splitrl.ppo.compute_gae`).
@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..models import ActorCriticHeads
-from ..ppo import LOSS_STATS, RolloutBuffer, adam, ppo_loss
+from ..ppo import LOG_STD_MIN, LOSS_STATS, RolloutBuffer, adam, ppo_loss
 from ..settings import PPOSettings
 from .decoupled import DecoupledPPO
 from .learners import Learners
@@ -52,6 +52,9 @@ class PPOUpdate:
         if spread is not None and any(p is spread for p in params):  # its own group only when its rate is its own
             groups.append({"params": [spread], "lr": ppo.lr_log_std})
         self.optimizer = adam(groups, lr=ppo.lr_heads, fused=ppo.fused_adam)
+        floored = getattr(heads, "actor_logstd", None) if ppo.log_std_floor > LOG_STD_MIN else None
+        self.floored = floored if floored is not None and any(p is floored for p in params) else None
+        """The policy's log-std when it has a floor above the clamp's (``--log-std-floor``), else None."""
         self.decoupled = DecoupledPPO()
         self.stats: dict[str, list[float]] = defaultdict(list)
         """Each minibatch's statistics (and anything else the iteration logs as a mean), by key."""
@@ -122,6 +125,9 @@ class PPOUpdate:
                                      f"of its samples overflowed (the last: {self._last_losses()})")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.floored is not None:  # a projected step: Adam's moments go on as they are
+            with torch.no_grad():
+                self.floored.clamp_(min=self.ppo.log_std_floor)
 
     def _last_losses(self) -> str:
         keys = ("losses/policy_loss", "losses/value_loss")

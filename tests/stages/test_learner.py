@@ -155,3 +155,24 @@ def test_the_log_std_steps_at_its_own_rate_only_when_given_one():
     learner.heads.actor_logstd.grad = torch.ones(3)
     learner.optimizer.step()  # Adam's first step moves each value by its rate
     assert torch.allclose(before - learner.heads.actor_logstd.detach(), torch.full((3,), 0.005), atol=1e-6)
+
+
+def test_a_log_std_floor_sets_the_spread_back_after_each_step_and_nothing_else():
+    """``--log-std-floor``: after the step, a log-std below the floor is the floor; one above it, and every other
+    weight, is what Adam made it. Left at the clamp's -5, the step is Adam's alone."""
+    assert Learner(SETTINGS, SPEC, slots=2).update.floored is None
+    ppo = PPOSettings(num_steps=4, epochs=1, minibatches=2, lr_log_std=0.3, log_std_floor=-0.6)
+    floored = Learner(TrainSettings(env=SETTINGS.env, ppo=ppo), SPEC, slots=2)
+    free = Learner(TrainSettings(env=SETTINGS.env, ppo=PPOSettings(num_steps=4, epochs=1, minibatches=2,
+                                                                   lr_log_std=0.3)), SPEC, slots=2)
+    free.heads.load_state_dict(floored.heads.state_dict())
+    for learner in (floored, free):
+        for p in learner.heads.parameters():
+            p.grad = torch.full_like(p, 1e-3)
+        learner.heads.actor_logstd.grad = torch.tensor([1.0, -1.0, 1.0])  # Adam moves each by 0.3: down, up, down
+        learner.update.step()
+    adam = free.heads.actor_logstd.detach()
+    assert torch.allclose(adam, torch.tensor([-0.8, -0.2, -0.8]), atol=1e-4)  # (Adam's eps, 1e-5)
+    assert torch.equal(floored.heads.actor_logstd.detach(), torch.tensor([-0.6, float(adam[1]), -0.6]))
+    assert all(torch.equal(a, b) for (name, a), b in zip(floored.heads.state_dict().items(),
+                                                         free.heads.state_dict().values()) if name != "actor_logstd")
