@@ -14,7 +14,7 @@ import signal
 import time
 from typing import Any, Iterator
 
-__all__ = ["install", "kept", "stops"]
+__all__ = ["install", "kept", "taken"]
 
 REPEAT_WINDOW_S = 2.0
 """A second stop signal this soon after the first is the same stop (see `_interrupt`)."""
@@ -23,7 +23,7 @@ _first_stop: float | None = None
 _stops = 0
 
 
-def stops() -> int:
+def taken() -> int:
     """How many stop signals this process has taken (repeats within `REPEAT_WINDOW_S` not counted)."""
     return _stops
 

@@ -46,13 +46,13 @@ def test_a_ctrl_c_that_pygame_drops_still_stops_the_envs_step(handlers, monkeypa
         action = np.zeros(3, np.float32)
         sent = _ctrl_c_inside_pygames_font(monkeypatch)
         env.unwrapped.step(action)  # under the wrappers: the stop is taken and dropped, the step goes on
-        assert sent and stops.stops() == 1
+        assert sent and stops.taken() == 1
 
         monkeypatch.setattr(stops, "_first_stop", None)  # the next signal is a stop of its own, not a repeat
         sent.clear()
         with pytest.raises(KeyboardInterrupt):
             env.step(action)
-        assert sent and stops.stops() == 2
+        assert sent and stops.taken() == 2
     finally:
         env.close()
 
@@ -61,6 +61,6 @@ def test_a_second_signal_soon_after_the_first_is_the_same_stop(handlers):
     with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)  # its handler runs before the next line
     os.kill(os.getpid(), signal.SIGTERM)  # the launcher's, right after a terminal's Ctrl-C: dropped
-    assert stops.stops() == 1
+    assert stops.taken() == 1
     with stops.kept():
         pass
