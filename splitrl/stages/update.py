@@ -47,13 +47,13 @@ class PPOUpdate:
     def __init__(self, heads: ActorCriticHeads, params: list[nn.Parameter], ppo: PPOSettings,
                  learners: Callable[[], Learners]) -> None:
         self.heads, self.params, self.ppo, self.learners = heads, params, ppo, learners
-        spread = getattr(heads, "actor_logstd", None) if ppo.lr_log_std else None
-        groups: list[dict] = [{"params": [p for p in params if p is not spread]}]
-        if spread is not None and any(p is spread for p in params):  # its own group only when its rate is its own
+        spread = getattr(heads, "actor_logstd", None)
+        spread = spread if any(p is spread for p in params) else None  # a Box policy's, trained here
+        groups: list[dict] = [{"params": [p for p in params if p is not spread or not ppo.lr_log_std]}]
+        if spread is not None and ppo.lr_log_std:  # its own group only when its rate is its own
             groups.append({"params": [spread], "lr": ppo.lr_log_std})
         self.optimizer = adam(groups, lr=ppo.lr_heads, fused=ppo.fused_adam)
-        floored = getattr(heads, "actor_logstd", None) if ppo.log_std_floor > LOG_STD_MIN else None
-        self.floored = floored if floored is not None and any(p is floored for p in params) else None
+        self.floored = spread if ppo.log_std_floor > LOG_STD_MIN else None
         """The policy's log-std when it has a floor above the clamp's (``--log-std-floor``), else None."""
         self.decoupled = DecoupledPPO()
         self.stats: dict[str, list[float]] = defaultdict(list)
