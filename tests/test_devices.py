@@ -177,3 +177,54 @@ def test_two_stages_on_different_devices_connect_and_record_their_own(tmp_path):
         state = load_checkpoint(run_dir, stage, checkpoint_iterations(run_dir, stage)[-1])
         weights = state["net" if stage == "stage0" else "heads"]
         assert all(t.device.type == "cpu" for t in weights.values())
+
+
+def _layouts(net: torch.nn.Module) -> list[bool]:
+    """Run by a forward: whether each 2-d convolution of ``net`` got its input in channels-last memory."""
+    seen: list[bool] = []
+    for layer in net.modules():
+        if isinstance(layer, torch.nn.Conv2d):
+            layer.register_forward_pre_hook(
+                lambda _, args: seen.append(args[0].is_contiguous(memory_format=torch.channels_last)))
+    return seen
+
+
+def test_channels_last_changes_the_convolutions_inputs_and_not_their_maths_or_weights():
+    import copy
+
+    from splitrl.envs import EnvSpec
+    from splitrl.models import agent
+
+    spec = EnvSpec(obs_shape=(4, 96, 96), action_dim=3, action_low=(-1.0, 0.0, 0.0), action_high=(1.0, 1.0, 1.0))
+    plain = agent(TrainSettings(), spec)[0]
+    fast = devices.place(copy.deepcopy(plain), torch.device("cpu"), channels_last=True)
+    acting = copy.deepcopy(fast)  # as an acting copy is made (`PolicyVersions`)
+    seen_plain, seen_fast, seen_acting = _layouts(plain), _layouts(fast), _layouts(acting)
+    x = torch.randint(0, 256, (8, 4, 96, 96), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    out_plain, out_fast = plain(x), fast(x)
+    with torch.no_grad():
+        acting(x[:1])
+    assert seen_plain == [False] * 3 and seen_fast == [True] * 3 and seen_acting == [True] * 3
+    assert out_fast.is_contiguous()  # what goes on to the heads or the wire is laid out as before
+    torch.testing.assert_close(out_fast, out_plain, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(out_fast, out_plain)  # another kernel: float32 sums in another order
+    grad = torch.randn(out_plain.shape, generator=torch.Generator().manual_seed(1))
+    out_plain.backward(grad)
+    out_fast.backward(grad)
+    for (name, a), b in zip(plain.named_parameters(), fast.parameters()):
+        assert b.is_contiguous() and b.grad.is_contiguous(), name  # weights, gradients, Adam's moments, checkpoints
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-3 * a.grad.abs().max().item())
+
+
+def test_each_stage_applies_channels_last_to_its_own_convolutions():
+    from splitrl.envs import EnvSpec
+    from splitrl.stages import Learner
+
+    spec = EnvSpec(obs_shape=(4, 96, 96), action_dim=3, action_low=(-1.0, 0.0, 0.0), action_high=(1.0, 1.0, 1.0))
+    settings = TrainSettings(cut="input", env=EnvSettings(num_envs=1), ppo=PPOSettings(num_steps=4, minibatches=2))
+    heads = Learner(settings, spec, channels_last=True).heads  # the cut before the first layer: stage1's convolutions
+    seen = _layouts(heads)
+    with torch.no_grad():
+        heads.outputs(torch.zeros(1, 4, 96, 96, dtype=torch.uint8))
+    assert seen == [True] * 3
+    assert not any(isinstance(m, torch.nn.Conv2d) and m._forward_pre_hooks for m in Learner(settings, spec).heads.modules())

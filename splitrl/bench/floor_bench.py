@@ -28,6 +28,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
+from ..devices import place
 from ..envs import inspect_env, make_vector_env
 from ..models import agent
 from ..ppo import adam, minibatch_schedule, ppo_loss
@@ -55,13 +56,14 @@ class _Clock:
             self.seconds[part] += time.process_time() - start
 
 
-def measure_floor(settings: TrainSettings, cores: int | None = None) -> dict[str, Any]:
+def measure_floor(settings: TrainSettings, cores: int | None = None, channels_last: bool = False) -> dict[str, Any]:
     """One iteration's parts for ``settings`` (`PARTS`, CPU seconds each), and the floors they imply on ``cores``
-    cores (default: this machine's) and on an edge and a server of one core each."""
+    cores (default: this machine's) and on an edge and a server of one core each; with ``channels_last``, the
+    networks' convolutions as ``--channels-last`` runs them."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        seconds = _measure(settings)
+        seconds = _measure(settings, channels_last)
     finally:
         torch.set_num_threads(threads)
     cores = cores or os.cpu_count() or 1
@@ -69,14 +71,14 @@ def measure_floor(settings: TrainSettings, cores: int | None = None) -> dict[str
     total = sum(seconds.values())
     return {"parts": seconds, "total": total, "edge": edge, "server": total - edge, "cores": cores,
             "floor": total / cores, "two_machines": max(edge, total - edge),
-            "steps": settings.steps_per_iteration}
+            "steps": settings.steps_per_iteration, "channels_last": channels_last}
 
 
-def _measure(settings: TrainSettings) -> dict[str, float]:
+def _measure(settings: TrainSettings, channels_last: bool) -> dict[str, float]:
     spec = inspect_env(settings.env)
     settings = settings.for_observation(spec.observation)  # the model and image pipeline the run would resolve
     ppo, n, clock = settings.ppo, settings.env.num_envs, _Clock()
-    encoder, heads = agent(settings, spec)
+    encoder, heads = (place(net, torch.device("cpu"), channels_last) for net in agent(settings, spec))
     optimizers = [adam(p, lr=lr, fused=ppo.fused_adam) for p, lr in ((list(encoder.parameters()), ppo.lr_encoder),
                                                                      (list(heads.parameters()), ppo.lr_heads)) if p]
     generator = torch.Generator().manual_seed(settings.seed)

@@ -138,11 +138,13 @@ def run_pipeline_bench(modes: Sequence[str] = tuple(MODES), rtts_ms: Sequence[fl
     return rows
 
 
-def pipeline_table(rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None = None) -> str:
+def pipeline_table(rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None = None,
+                   parts: dict[str, Any] | None = None) -> str:
     """Markdown, one line per run; 'x sync' is steps/s over the synchronous run's at the same round trip; 'CPU s'
     the stages' and env workers' CPU seconds an iteration (blank for runs from before that was recorded). With a
     ``floor`` (`splitrl.bench.floor_bench.measure_floor`, measured in the same run): 'x floor', each row's
-    seconds over the floor on the machine's cores, and 'CPU over parts', its CPU seconds beyond the parts'."""
+    seconds over the floor on the machine's cores, and 'CPU over parts', its CPU seconds beyond the parts' (those
+    of ``parts`` where the rows compute their parts otherwise, as with ``--channels-last``; default ``floor``'s)."""
     sync = {r["rtt_ms"]: r["steps_per_second"] for r in rows if r["mode"] == "sync"}
     zero = {r["mode"]: r["seconds_per_iteration"] for r in rows if r["rtt_ms"] == 0}
     lines = [
@@ -163,11 +165,11 @@ def pipeline_table(rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None 
             f"| {r['rtt_ms']:g} ms | {r['mode']} | {r['seconds_per_iteration']:.1f} | {r['steps_per_second']:.1f} "
             f"| {ratio} | {versus} | {r['busy_stage0']:.2f} | {r['busy_stage1']:.2f} | {envs} | {cpu} | {r['link_wait']:.1f} "
             f"| {r['bytes_per_iteration'] / 1e6:.0f} | {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} | {rtt} |"
-            + (_against_floor(r, floor) if floor else "")
+            + (_against_floor(r, floor, parts or floor) if floor else "")
         )
     return "\n".join(lines)
 
 
-def _against_floor(row: dict[str, Any], floor: dict[str, Any]) -> str:
-    over = "" if row.get("cpu_per_iteration") is None else f"{row['cpu_per_iteration'] - floor['total']:+.1f}"
+def _against_floor(row: dict[str, Any], floor: dict[str, Any], parts: dict[str, Any]) -> str:
+    over = "" if row.get("cpu_per_iteration") is None else f"{row['cpu_per_iteration'] - parts['total']:+.1f}"
     return f" {row['seconds_per_iteration'] / floor['floor']:.2f}x | {over} |"

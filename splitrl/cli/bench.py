@@ -209,14 +209,18 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
                                   out_dir=out_dir, echo=lambda line: click.echo(line, err=True))
 
     rows = run_cli(go)
-    floor = None
+    floor = parts = None
     if not table_only:  # the parts alone, in the same run as the rows they are the floor of
         from ..bench.floor_bench import floor_table, measure_floor
 
-        floor = run_cli(lambda: measure_floor(TrainSettings()))
+        floor = parts = run_cli(lambda: measure_floor(TrainSettings()))
         click.echo(floor_table(floor) + "\n")
-    click.echo(pipeline_table(rows, floor))
-    _write_json(json_path, [dict(row, floor=floor) for row in rows] if floor else rows)
+        if "--channels-last" in extra:  # the rows' own parts too: their CPU over the parts is over these
+            parts = run_cli(lambda: measure_floor(TrainSettings(), channels_last=True))
+            click.echo("With --channels-last:\n\n" + floor_table(parts) + "\n")
+    click.echo(pipeline_table(rows, floor, parts))
+    _write_json(json_path, [dict(row, floor=floor, **({"parts": parts} if parts is not floor else {}))
+                            for row in rows] if floor else rows)
 
 
 @bench.command("vector")
@@ -476,7 +480,7 @@ def bench_floor(settings: TrainSettings, options: RunOptions, cores: int, json_p
 
     def go() -> dict:
         settings.validate(options)
-        return measure_floor(settings, cores or None)
+        return measure_floor(settings, cores or None, options.channels_last)
 
     floor = run_cli(go)
     click.echo(floor_table(floor))

@@ -28,7 +28,7 @@ def make_edge(settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None, op
     concurrent = settings.schedule.mode == "async"
     return Edge(settings, spec, run_log, vector=options.vector, acting_copy=concurrent,
                 slots=settings.schedule.max_staleness + 1 if concurrent else 1, edge=edge,
-                device=resolve_device(options.stage0_device))
+                device=resolve_device(options.stage0_device), channels_last=options.channels_last)
 
 
 def make_evaluation(settings: TrainSettings, spec: EnvSpec, options: RunOptions,
@@ -46,7 +46,7 @@ def make_learner(settings: TrainSettings, spec: EnvSpec, options: RunOptions | N
     """Stage1's compute (on ``options``' stage1 device; default the CPU), with as many rollout slots and acting
     copies as the schedule needs; a fleet's learns as one edge with all the edges' envs
     (`TrainSettings.fleet_view`)."""
-    concurrent = settings.schedule.mode == "async"
+    concurrent, options = settings.schedule.mode == "async", options or RunOptions()
     return Learner(settings.fleet_view(), spec, acting_copy=concurrent,
                    slots=settings.schedule.max_staleness + 1 if concurrent else 1,
-                   device=resolve_device((options or RunOptions()).stage1_device))
+                   device=resolve_device(options.stage1_device), channels_last=options.channels_last)

@@ -18,19 +18,20 @@ from .sections import RunOptions, TrainSettings
 
 __all__ = ["RUNTIME", "LENGTH", "WHERE", "resumed"]
 
-RUNTIME = ("timeout", "start_timeout", "heartbeat", "rejoin", "min_edges", "threads", "part_workers", "stage0_device",
-           "stage1_device", "vector", "transport", "curve", "curve_name", "insecure", "checkpoint_every",
+RUNTIME = ("timeout", "start_timeout", "heartbeat", "rejoin", "min_edges", "threads", "part_workers", "channels_last",
+           "stage0_device", "stage1_device", "vector", "transport", "curve", "curve_name", "insecure", "checkpoint_every",
            "keep_checkpoints", "tensorboard", "track", "wandb_project_name", "wandb_entity", "capture_video",
            "video_every")
 """The options a resumed run may be given with other values than it ran with: they say how this process runs on this
 machine, not what the run computes or records. Liveness (how long to wait for the peer, how a lost one is noticed
 and waited for, how many edges a fleet trains on with when one fails), the machine (torch's threads, the
-micro-batches' workers, each stage's device, whether the envs step in worker processes), the link (its transport
-and keys: the same frames cross either way), and housekeeping (how often checkpoints are written and how many
-are kept, TensorBoard files beside metrics.jsonl, logging to Weights & Biases, videos of the evaluations). A stage moved to another device or thread
-count computes the same maths, though not always to the last bit. Every other option is fixed by the run: the
-training settings (`TrainSettings`) and the options that change what it computes or records (``--eval-every``,
-``--eval-episodes``, ``--act-wait``, ``--learners``, ``--edge-id``)."""
+micro-batches' workers, the convolutions' memory layout, each stage's device, whether the envs step in worker
+processes), the link (its transport and keys: the same frames cross either way), and housekeeping (how often
+checkpoints are written and how many are kept, TensorBoard files beside metrics.jsonl, logging to Weights & Biases,
+videos of the evaluations). A stage moved to another device, thread count or layout computes the same maths, though
+not always to the last bit. Every other option is fixed by the run: the training settings (`TrainSettings`) and the
+options that change what it computes or records (``--eval-every``, ``--eval-episodes``, ``--act-wait``,
+``--learners``, ``--edge-id``)."""
 
 LENGTH = ("total_steps",)
 """Training settings that a resumed run may change: how long it goes on."""

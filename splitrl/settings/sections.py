@@ -397,6 +397,9 @@ class RunOptions:
                                "network at once, with the numbers they get one after another (0: as many as this "
                                "machine's cores hold --threads threads each, so one with torch's default threads; "
                                "1: one after another)", min=0)
+    channels_last: bool = doc(False, "each stage runs its network's 2-d convolutions on channels-last (NHWC) inputs, "
+                                     "which torch's CPU kernels train faster: the same maths, its float32 sums in "
+                                     "another order (weights, checkpoints and the wire as they are)")
     stage0_device: str = doc("cpu", "where stage0 computes (its encoder, optimizer and rollout storage; the envs step "
                                     "on the CPU either way): cpu, cuda, cuda:N, or auto (cuda where this machine has "
                                     "one, else cpu); this stage's own choice, not in the handshake (`splitrl stage0 "

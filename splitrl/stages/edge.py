@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..codecs import CodecSet, Context
-from ..devices import to_device
+from ..devices import place, to_device
 from ..envs import EnvSpec, batch
 from ..models import agent
 from ..ppo import adam, anneal, load_adam_state, minibatch_schedule
@@ -67,11 +67,12 @@ class Edge:
 
     def __init__(self, settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None = None, *,
                  vector: str = "auto", slots: int = 1, acting_copy: bool = False, edge: int = 0,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", channels_last: bool = False) -> None:
         self.settings, self.spec, self.run_log = settings, spec, run_log
         self.device = torch.device(device)
         """Where the encoder, its optimizer and the rollout's observations live (`splitrl.devices`); the envs step on
-        the CPU, and the codecs work in host memory."""
+        the CPU, and the codecs work in host memory. With ``channels_last``, the encoder's convolutions take
+        channels-last inputs (`place`)."""
         self.edge = edge
         """Which edge of a fleet this is (`ScheduleSettings.edges`): its envs are the fleet's envs
         ``offset .. offset + num_envs - 1`` of `total_envs`, seeded, named and indexed as those."""
@@ -79,7 +80,7 @@ class Edge:
         self.joined_after = 0
         """A fleet's late edge: the iteration after which it joined (`join`); 0 for the others."""
         self.envs = EnvGroups(settings, vector)
-        self.net = agent(settings, spec)[0].to(self.device)  # built on the CPU: the same weights on any device
+        self.net = place(agent(settings, spec)[0], self.device, channels_last)  # built on the CPU: the same weights
         self.params = [p for p in self.net.parameters() if p.requires_grad]  # not an autoencoder's projection
         self.optimizer = (adam(self.params, lr=settings.ppo.lr_encoder, fused=settings.ppo.fused_adam)
                           if self.params else None)

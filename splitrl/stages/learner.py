@@ -30,7 +30,7 @@ from typing import Any, Iterable
 import torch
 
 from ..codecs import CodecSet, Context
-from ..devices import to_host
+from ..devices import place, to_host
 from ..envs import EnvSpec
 from ..models import ActorCriticHeads, agent
 from ..ppo import explained_variance, load_adam_state, minibatch_schedule
@@ -63,14 +63,15 @@ class Learner:
     inputs and trains alone (`train_alone`); otherwise each minibatch's inputs arrive."""
 
     def __init__(self, settings: TrainSettings, spec: EnvSpec, *, slots: int = 1, acting_copy: bool = False,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", channels_last: bool = False) -> None:
         self.settings, self.spec = settings, spec
         self.device = torch.device(device)
         """Where the heads, their optimizer, the rollout's storage and PPO's maths live (`splitrl.devices`); the
-        codecs work in host memory, and the action sampler's generator is the CPU's on any device."""
+        codecs work in host memory, and the action sampler's generator is the CPU's on any device. With
+        ``channels_last``, the heads' convolutions (a cut before them) take channels-last inputs (`place`)."""
         ppo = settings.ppo
         stage0_net, heads = agent(settings, spec)  # built on the CPU: the same weights on any device
-        self.heads = heads.to(self.device)
+        self.heads = place(heads, self.device, channels_last)
         self.params = [p for p in self.heads.parameters() if p.requires_grad]  # not an autoencoder's decoder
         self.autoencoder = (Autoencoder(stage0_net[-1].to(self.device), self.heads.trunk[-1], settings.seed)
                             if settings.bottleneck_train == "autoencoder" else None)

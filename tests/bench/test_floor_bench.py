@@ -1,5 +1,7 @@
 """`splitrl bench floor`: an iteration's parts, each alone, with the run's own env pipeline and network."""
 
+import json
+
 import pytest
 
 from splitrl.bench.floor_bench import EDGE_PARTS, PARTS, floor_table, measure_floor
@@ -33,6 +35,17 @@ def test_the_command_takes_the_training_options_and_checks_them():
     assert "| floor on 2 cores (all parts / cores) |" in out
     bad = splitrl_here("bench", "floor", "--num-steps", "0", code=None)
     assert bad.exit_code != 0 and "num_steps" in bad.output.replace("-", "_")
+
+
+def test_with_channels_last_the_parts_are_timed_as_such_a_run_computes_them(tmp_path, monkeypatch):
+    from splitrl.bench import floor_bench
+
+    placed = []
+    monkeypatch.setattr(floor_bench, "place", lambda net, device, channels_last: placed.append(channels_last) or net)
+    splitrl_here("bench", "floor", "--num-steps", "8", "--epochs", "1", "--minibatches", "2", "--max-episode-steps",
+                 "20", "--channels-last", "--json", str(tmp_path / "floor.json"))
+    assert placed == [True, True]  # the encoder and the heads
+    assert json.loads((tmp_path / "floor.json").read_text())["channels_last"] is True
 
 
 def _tiny(**top):

@@ -52,3 +52,5 @@ def test_with_a_floor_each_row_says_how_far_it_is_from_it(tmp_path):
     line = pipeline_table([fast], floor).splitlines()[2]
     assert line.endswith(" 1.25x | +30.0 |")  # 50 s over 40 s; 110 CPU s an iteration, 80 in the parts
     assert pipeline_table([fast]).splitlines()[0].count("|") + 2 == pipeline_table([fast], floor).splitlines()[0].count("|")
+    # Rows run with --channels-last are over the floor of the default's parts and over their own parts' CPU
+    assert pipeline_table([fast], floor, {"floor": 35.0, "total": 70.0}).splitlines()[2].endswith(" 1.25x | +40.0 |")

@@ -83,6 +83,7 @@ BOTTLENECK = ["--bottleneck", "32", "--codec-rollout", "int8", "--codec-bwd", "e
 BOTTLENECK_REPLICA = ["--bottleneck", "32", "--codec-rollout", "int8", "--exchange", "replica:last_every=1,all_every=3"]
 # The projection fitted on stage1 as an autoencoder's encoder half, sent with the replica's updates.
 AUTOENCODER = BOTTLENECK_REPLICA + ["--bottleneck-train", "autoencoder", "--autoencoder-every", "4"]
+CHANNELS_LAST = ["--channels-last"]  # another layout inside the convolutions: the twin's with it, not the plain run's
 
 
 @pytest.fixture(scope="module")
@@ -108,10 +109,10 @@ def twin_of(tmp_path_factory):
     [("cnn", "zmq", []), ("input", "zmq", []), ("cnn", "tcp", []), ("cnn", "torch-rpc", []), ("cnn", "zmq", LOSSLESS),
      ("input", "tcp", ["--codec-rollout", "frames"]), ("cnn", "zmq", REPLICA),
      ("cnn", "zmq", REPLICA_SYNC), ("cnn", "zmq", BOTTLENECK), ("cnn", "zmq", BOTTLENECK_REPLICA),
-     ("cnn", "zmq", AUTOENCODER)],
+     ("cnn", "zmq", AUTOENCODER), ("cnn", "zmq", CHANNELS_LAST)],
     ids=["cnn-zmq", "input-zmq", "cnn-tcp", "cnn-torch-rpc", "cnn-zmq-lossless-codecs", "input-tcp-frames",
          "cnn-zmq-replica", "cnn-zmq-replica-sync", "cnn-zmq-bottleneck", "cnn-zmq-bottleneck-replica",
-         "cnn-zmq-autoencoder"],
+         "cnn-zmq-autoencoder", "cnn-zmq-channels-last"],
 )
 def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, twin_of, cut, transport, codecs):
     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
@@ -130,12 +131,19 @@ def test_split_over_tcp_matches_twin_bit_for_bit(tmp_path, spawn, twin_of, cut, 
         assert split_state.keys() == twin_state.keys()
         for name in split_state:
             assert torch.equal(split_state[name], twin_state[name]), f"{stage}.{name}"
-    if codecs and codecs not in (REPLICA, REPLICA_SYNC, BOTTLENECK, BOTTLENECK_REPLICA, AUTOENCODER):  # lossless codecs must match the plain run
+    if codecs and codecs not in (REPLICA, REPLICA_SYNC, BOTTLENECK, BOTTLENECK_REPLICA, AUTOENCODER,
+                                 CHANNELS_LAST):  # lossless codecs must match the plain run
         plain_dir = twin_of(args[: -len(codecs)])
         for stage, key in (("stage0", "net"), ("stage1", "heads")):
             plain = _load(plain_dir, stage)[key]
             for name, value in _load(twin_dir, stage)[key].items():
                 assert torch.equal(value, plain[name]), f"codecs changed {stage}.{name}"
+    if codecs == CHANNELS_LAST:  # it reached the encoder: its weights are the plain run's to float32 rounding only
+        plain = _load(twin_of(args[:-1]), "stage0")["net"]
+        trained = _load(twin_dir, "stage0")["net"]
+        assert not all(torch.equal(value, plain[name]) for name, value in trained.items())
+        for name, value in trained.items():
+            torch.testing.assert_close(value, plain[name], rtol=1e-4, atol=1e-6)
     split_metrics, twin_metrics = _metrics(split_dir), _metrics(twin_dir)
     assert len(split_metrics) == 2
     assert split_metrics == twin_metrics
