@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from ..errors import SettingsError
-from ..settings import RunOptions, TrainSettings
+from ..settings import PPOSettings, RunOptions, TrainSettings
 from .errors import fail, run_cli
 from .options import training_options
 
@@ -195,6 +195,9 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
 
     Columns: s/iteration, steps/s, each stage's and the env workers' busy fraction (CPU s / wall s), the CPU
     seconds an iteration costs in all, link wait, MB per iteration, staleness. EXTRA arguments (after --) go to every run, e.g. -- --threads 1.
+    After the rows, the parts of an iteration alone (`splitrl bench floor`, the paper's eager kernels): 'x floor'
+    is each row over their floor; with --channels-last or --fused-adam in EXTRA the parts are measured with those
+    too, and 'CPU over parts' is over those.
     """
     from ..bench.pipeline_bench import MODES, pipeline_rows, pipeline_table, run_pipeline_bench
 
@@ -208,6 +211,7 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
         return run_pipeline_bench(mode_list, rtt_list, iterations=iterations, rate=rate, extra_args=extra,
                                   out_dir=out_dir, echo=lambda line: click.echo(line, err=True))
 
+    fused, channels_last = _faster_parts(extra)  # (and EXTRA checked before any run)
     rows = run_cli(go)
     floor = parts = None
     if not table_only:  # the parts alone, in the same run as the rows they are the floor of
@@ -215,12 +219,25 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
 
         floor = parts = run_cli(lambda: measure_floor(TrainSettings()))
         click.echo(floor_table(floor) + "\n")
-        if "--channels-last" in extra:  # the rows' own parts too: their CPU over the parts is over these
-            parts = run_cli(lambda: measure_floor(TrainSettings(), channels_last=True))
-            click.echo("With --channels-last:\n\n" + floor_table(parts) + "\n")
+        if fused or channels_last:  # the rows' own parts too: their CPU over the parts is over these
+            own = TrainSettings(ppo=PPOSettings(fused_adam=fused))
+            parts = run_cli(lambda: measure_floor(own, channels_last=channels_last))
+            click.echo(f"With {' '.join(extra)}:\n\n" + floor_table(parts) + "\n")
     click.echo(pipeline_table(rows, floor, parts))
     _write_json(json_path, [dict(row, floor=floor, **({"parts": parts} if parts is not floor else {}))
                             for row in rows] if floor else rows)
+
+
+def _faster_parts(args: tuple[str, ...]) -> tuple[bool, bool]:
+    """Whether the training arguments ``args`` run the parts with faster kernels than the paper's eager ones:
+    (``--fused-adam``, ``--channels-last``)."""
+
+    @click.command()
+    @training_options
+    def parse(settings: TrainSettings, options: RunOptions) -> tuple[bool, bool]:
+        return settings.ppo.fused_adam, options.channels_last
+
+    return parse.main(list(args), standalone_mode=False)
 
 
 @bench.command("vector")

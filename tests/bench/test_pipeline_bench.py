@@ -6,6 +6,8 @@ import pytest
 
 from splitrl.bench.pipeline_bench import MODES, _summary, pipeline_table, run_pipeline_bench
 
+from ..conftest import splitrl_here
+
 
 def _run(path, times, cpu0, cpu1, staleness=None, envs=None):
     path.mkdir(parents=True)
@@ -54,3 +56,13 @@ def test_with_a_floor_each_row_says_how_far_it_is_from_it(tmp_path):
     assert pipeline_table([fast]).splitlines()[0].count("|") + 2 == pipeline_table([fast], floor).splitlines()[0].count("|")
     # Rows run with --channels-last are over the floor of the default's parts and over their own parts' CPU
     assert pipeline_table([fast], floor, {"floor": 35.0, "total": 70.0}).splitlines()[2].endswith(" 1.25x | +40.0 |")
+
+
+def test_the_faster_parts_options_are_read_from_the_extra_arguments_before_any_run():
+    from splitrl.cli.bench import _faster_parts
+
+    assert _faster_parts(("--rollout-groups", "2", "--channels-last")) == (False, True)
+    assert _faster_parts(("--fused-adam", "--threads", "1")) == (True, False)
+    assert _faster_parts(()) == (False, False)
+    bad = splitrl_here("bench", "pipeline", "--modes", "sync", "--rtt", "0", "--", "--chanels-last", code=None)
+    assert bad.exit_code != 0 and "--chanels-last" in bad.output

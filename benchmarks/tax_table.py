@@ -1,0 +1,46 @@
+"""Each process's CPU seconds an iteration against the parts that are its own, from `splitrl bench pipeline
+--json` files (the floor measured in the same bench run; with ``--channels-last`` rows, their own parts too).
+
+    python benchmarks/tax_table.py docs/results/pipeline-floor-session35-sync.json ...
+
+One markdown row per bench row: seconds an iteration and its ratio to the bench's (eager) floor on the machine's
+cores; stage0's, stage1's and the env workers' CPU seconds with how far each is above its parts (stage0 owns the
+encoder's parts, and the envs' where they step in its process; stage1 the heads'; the workers the envs'); all
+processes together, and their ratio to all the parts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from splitrl.runs import measured_records, read_metrics
+
+HEADER = ("| run | s/iteration | x floor | stage0 | stage1 | env workers | CPU s | x parts |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def rows(path: str | Path) -> list[str]:
+    out = []
+    for row in json.loads(Path(path).read_text()):
+        floor, parts = row["floor"], row.get("parts", row["floor"])
+        used = measured_records(read_metrics(row["run_dir"]), skip_last=True)
+        cpu = {k: sum(r.get(f"cpu/{k}", 0.0) for r in used) / len(used) for k in ("stage0", "stage1", "envs")}
+        p = parts["parts"]
+        workers = cpu["envs"] > 0
+        own = {"stage0": p["encoder acting"] + p["encoder training"] + (0.0 if workers else p["envs"]),
+               "stage1": p["heads acting"] + p["heads training"], "envs": p["envs"] if workers else 0.0}
+        cells = [f"{cpu[k]:.1f} ({cpu[k] - own[k]:+.1f} over {own[k]:.1f})" if own[k] or cpu[k] else ""
+                 for k in ("stage0", "stage1", "envs")]
+        total = sum(cpu.values())
+        name = f"{row['mode']} ({Path(path).stem})"
+        out.append(f"| {name} | {row['seconds_per_iteration']:.1f} | {row['seconds_per_iteration'] / floor['floor']:.2f}x "
+                   f"| {' | '.join(cells)} | {total:.1f} | {total / parts['total']:.2f}x (of {parts['total']:.1f}) |")
+    return out
+
+
+if __name__ == "__main__":
+    print(HEADER)
+    for arg in sys.argv[1:]:
+        print("\n".join(rows(arg)))
