@@ -222,7 +222,8 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
         if fused or channels_last:  # the rows' own parts too: their CPU over the parts is over these
             own = TrainSettings(ppo=PPOSettings(fused_adam=fused))
             parts = run_cli(lambda: measure_floor(own, channels_last=channels_last))
-            click.echo(f"With {' '.join(extra)}:\n\n" + floor_table(parts) + "\n")
+            named = " ".join(name for name, on in (("--fused-adam", fused), ("--channels-last", channels_last)) if on)
+            click.echo(f"The parts with {named}, as the rows compute them:\n\n" + floor_table(parts) + "\n")
     click.echo(pipeline_table(rows, floor, parts))
     _write_json(json_path, [dict(row, floor=floor, **({"parts": parts} if parts is not floor else {}))
                             for row in rows] if floor else rows)
