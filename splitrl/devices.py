@@ -20,13 +20,19 @@ in channels-last memory (NHWC), where torch's CPU kernels (oneDNN) run them fast
 activations inside the convolutions change layout: the weights, their gradients, the optimizer's moments, the
 checkpoints and everything on the wire stay as they are. The maths is the same, its float32 sums taken in another
 order, so the numbers are not the default's to the last bit; both stages and the twin apply it alike.
+
+A forward of a few rows on the CPU (the rollout's acting, `acting_threads`) runs on one intra-op thread, whatever
+``--threads`` says: torch's threads split a batch of one env's step too finely to gain, and waking them costs
+more than the work (`benchmarks/acting_threads.py`: the encoder's batch-1 forward 0.40 ms on one thread, 0.93 ms
+on two). The training's minibatches keep every thread.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any, ContextManager, Iterator
 
 from .errors import SettingsError
 
@@ -34,7 +40,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["DEVICE_NAMES", "check_device_name", "device_error", "resolve_device", "use_device", "transfer", "to_device",
-           "to_host", "describe_device", "place"]
+           "to_host", "describe_device", "place", "ACTING_ROWS", "one_thread", "acting_threads"]
 
 DEVICE_NAMES = ("cpu", "cuda", "cuda:N", "auto")
 """What ``--device`` takes."""
@@ -165,3 +171,30 @@ def _channels_last_input(layer: "torch.nn.Module", args: tuple) -> tuple:
     if x.dim() != 4:  # an unbatched (C, H, W) input: torch pads it to a batch of one itself
         return args
     return (x.contiguous(memory_format=torch.channels_last),) + tuple(args[1:])
+
+
+ACTING_ROWS = 8
+"""The most rows a forward on the CPU may have to run on one intra-op thread (`acting_threads`)."""
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's intra-op threads (this thread's) set to one for the block, then back."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def acting_threads(device: "torch.device", rows: int) -> ContextManager[None]:
+    """For a forward of ``rows`` rows on ``device``: `one_thread` on the CPU up to `ACTING_ROWS` rows, else
+    nothing. torch's CPU kernels give these forwards the numbers they give on more threads (checked for the
+    built-in networks: `tests/test_devices.py`), so a run's numbers do not depend on it."""
+    return one_thread() if device.type == "cpu" and rows <= ACTING_ROWS else nullcontext()

@@ -13,6 +13,7 @@ import torch
 
 from splitrl import checkpoints, devices
 from splitrl.devices import check_device_name, device_error, resolve_device, to_device, to_host, transfer
+from splitrl.envs import EnvSpec
 from splitrl.launch import free_port_pair
 from splitrl.runner import run_stage0, run_stage1
 from splitrl.runs import checkpoint_iterations, load_checkpoint
@@ -21,6 +22,8 @@ from splitrl.settings import EnvSettings, PPOSettings, RunOptions, SettingsError
 from .conftest import TINY, splitrl_here
 
 CUDA = torch.device("cuda", 0)
+SPEC = EnvSpec(obs_shape=(4, 96, 96), action_dim=3, action_low=(-1.0, 0.0, 0.0), action_high=(1.0, 1.0, 1.0))
+"""A CarRacing-shaped spec, without making the env."""
 
 
 @pytest.fixture
@@ -192,11 +195,9 @@ def _layouts(net: torch.nn.Module) -> list[bool]:
 def test_channels_last_changes_the_convolutions_inputs_and_not_their_maths_or_weights():
     import copy
 
-    from splitrl.envs import EnvSpec
     from splitrl.models import agent
 
-    spec = EnvSpec(obs_shape=(4, 96, 96), action_dim=3, action_low=(-1.0, 0.0, 0.0), action_high=(1.0, 1.0, 1.0))
-    plain = agent(TrainSettings(), spec)[0]
+    plain = agent(TrainSettings(), SPEC)[0]
     fast = devices.place(copy.deepcopy(plain), torch.device("cpu"), channels_last=True)
     acting = copy.deepcopy(fast)  # as an acting copy is made (`PolicyVersions`)
     seen_plain, seen_fast, seen_acting = _layouts(plain), _layouts(fast), _layouts(acting)
@@ -217,14 +218,69 @@ def test_channels_last_changes_the_convolutions_inputs_and_not_their_maths_or_we
 
 
 def test_each_stage_applies_channels_last_to_its_own_convolutions():
-    from splitrl.envs import EnvSpec
     from splitrl.stages import Learner
 
-    spec = EnvSpec(obs_shape=(4, 96, 96), action_dim=3, action_low=(-1.0, 0.0, 0.0), action_high=(1.0, 1.0, 1.0))
     settings = TrainSettings(cut="input", env=EnvSettings(num_envs=1), ppo=PPOSettings(num_steps=4, minibatches=2))
-    heads = Learner(settings, spec, channels_last=True).heads  # the cut before the first layer: stage1's convolutions
+    heads = Learner(settings, SPEC, channels_last=True).heads  # the cut before the first layer: stage1's convolutions
     seen = _layouts(heads)
     with torch.no_grad():
         heads.outputs(torch.zeros(1, 4, 96, 96, dtype=torch.uint8))
     assert seen == [True] * 3
-    assert not any(isinstance(m, torch.nn.Conv2d) and m._forward_pre_hooks for m in Learner(settings, spec).heads.modules())
+    plain = Learner(settings, SPEC).heads
+    assert not any(isinstance(m, torch.nn.Conv2d) and m._forward_pre_hooks for m in plain.modules())
+
+
+def test_a_forward_of_few_rows_on_the_cpu_runs_on_one_thread_and_then_the_threads_come_back():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with devices.acting_threads(torch.device("cpu"), devices.ACTING_ROWS):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with devices.acting_threads(torch.device("cpu"), devices.ACTING_ROWS + 1):  # a minibatch: every thread
+            assert torch.get_num_threads() == 2
+        with devices.acting_threads(CUDA, 1):  # the CPU's threads are not a GPU's business
+            assert torch.get_num_threads() == 2
+        with pytest.raises(ValueError), devices.one_thread():
+            raise ValueError
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("top", [{}, {"bottleneck": 32}, {"model": "impala"}, {"cut": "input"}],
+                         ids=["nature", "bottleneck", "impala", "input"])
+def test_the_built_in_networks_act_on_one_thread_as_on_two(top):
+    """What lets the acting forwards take one thread without changing a run's numbers."""
+    from splitrl.models import agent
+
+    encoder, heads = agent(TrainSettings(**top), SPEC)
+    threads = torch.get_num_threads()
+    try:
+        for rows in (1, devices.ACTING_ROWS):
+            x = torch.randint(0, 256, (rows, 4, 96, 96), dtype=torch.uint8,
+                              generator=torch.Generator().manual_seed(rows))
+            outs = []
+            for n in (1, 2):
+                torch.set_num_threads(n)
+                with torch.no_grad():
+                    outs.append(heads.outputs(encoder(x)))
+            assert all(torch.equal(a, b) for a, b in zip(*outs)), rows
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_encoder_acts_on_one_thread():
+    from splitrl.stages import Edge
+
+    edge = Edge(TrainSettings(env=EnvSettings(num_envs=2)), SPEC, vector="sync")  # (its envs open in `open_envs`)
+    seen = []
+    edge.acting.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        edge.encode(torch.zeros((2,) + SPEC.obs_shape, dtype=torch.uint8))
+        edge.encode(torch.zeros((16,) + SPEC.obs_shape, dtype=torch.uint8))  # a minibatch's rows: every thread
+        assert seen == [1, 2] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

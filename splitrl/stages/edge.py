@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..codecs import CodecSet, Context
-from ..devices import place, to_device
+from ..devices import acting_threads, place, to_device
 from ..envs import EnvSpec, batch
 from ..models import agent
 from ..ppo import adam, anneal, load_adam_state, minibatch_schedule
@@ -162,8 +162,9 @@ class Edge:
         return self.policy.adopt(version, unknown)
 
     def encode(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return self.acting(to_device(torch.as_tensor(obs), self.device))
+        obs = torch.as_tensor(obs)
+        with torch.no_grad(), acting_threads(self.device, len(obs)):
+            return self.acting(to_device(obs, self.device))
 
     def observe(self, t: int, g: int = 0) -> Payload:
         """Group ``g``'s step ``t`` message: its observation stored and encoded, after its last outcome."""
@@ -176,7 +177,7 @@ class Edge:
         fleet_envs = self.offset + envs
         ctx = Context(idx=t * self.total_envs + fleet_envs, envs=fleet_envs, global_step=self.global_step)
         if sampled(self.settings, t):  # the features before the projection too, for stage1's autoencoder
-            with torch.no_grad():
+            with torch.no_grad(), acting_threads(self.device, len(obs)):
                 before = self.acting[:-1](obs)
                 features = self.acting[-1](before)
             pack_sample(before, tensors, header)

@@ -30,7 +30,7 @@ from typing import Any, Iterable
 import torch
 
 from ..codecs import CodecSet, Context
-from ..devices import place, to_host
+from ..devices import acting_threads, place, to_host
 from ..envs import EnvSpec
 from ..models import ActorCriticHeads, agent
 from ..ppo import explained_variance, load_adam_state, minibatch_schedule
@@ -201,7 +201,8 @@ class Learner:
             if order_free:  # one thread, rows padded: any batch gives a row one result
                 mean, value = batch_invariant(self.acting.outputs, x)
             else:
-                mean, value = self.acting.outputs(x)
+                with acting_threads(self.device, len(x)):
+                    mean, value = self.acting.outputs(x)
             # Each group's draw is its own call, as one group alone would make it (a draw of the whole batch
             # at once would give other numbers: torch fills large normal tensors block-wise).
             parts = [(len(rows), self.step_generator(g, t) if order_free else self.generator)

@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..devices import one_thread
+
 __all__ = ["BATCH_INVARIANT_ROWS", "BATCH_INVARIANT_MULTIPLE", "batch_invariant", "invariant_rows",
            "step_generator"]
 
@@ -39,15 +41,12 @@ def invariant_rows(rows: int) -> int:
 
 def batch_invariant(forward: Callable[[torch.Tensor], Any], x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``forward(x)`` on one intra-op thread, ``x`` padded with zero rows to `invariant_rows`."""
-    rows, threads = len(x), torch.get_num_threads()
+    rows = len(x)
     padded = invariant_rows(rows)
     if padded > rows:
         x = torch.cat([x, x.new_zeros((padded - rows,) + tuple(x.shape[1:]))])
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return tuple(out[:rows] for out in forward(x))
-    finally:
-        torch.set_num_threads(threads)
 
 
 def step_generator(seed: int, iteration: int, g: int, t: int) -> torch.Generator:

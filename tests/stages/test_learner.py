@@ -176,3 +176,18 @@ def test_a_log_std_floor_sets_the_spread_back_after_each_step_and_nothing_else()
     assert torch.equal(floored.heads.actor_logstd.detach(), torch.tensor([-0.6, float(adam[1]), -0.6]))
     assert all(torch.equal(a, b) for (name, a), b in zip(floored.heads.state_dict().items(),
                                                          free.heads.state_dict().values()) if name != "actor_logstd")
+
+
+def test_the_heads_act_on_one_thread_and_train_on_every_thread(monkeypatch):
+    """`splitrl.devices.acting_threads`: a step's forward of two envs' rows takes one intra-op thread."""
+    learner = Learner(SETTINGS, SPEC)
+    seen, outputs = [], learner.heads.outputs
+    monkeypatch.setattr(learner.heads, "outputs", lambda x: seen.append(torch.get_num_threads()) or outputs(x))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _rollout(learner, 1, torch.rand(5, 2, 4096, generator=torch.Generator().manual_seed(3)))
+        assert seen == [1] * 4 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
