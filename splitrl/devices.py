@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["DEVICE_NAMES", "check_device_name", "device_error", "resolve_device", "use_device", "transfer", "to_device",
-           "to_host", "describe_device", "place", "ACTING_ROWS", "one_thread", "acting_threads"]
+           "to_host", "describe_device", "place", "ACTING_ROWS", "one_thread", "acting_threads",
+           "channels_last_input"]
 
 DEVICE_NAMES = ("cpu", "cuda", "cuda:N", "auto")
 """What ``--device`` takes."""
@@ -160,11 +161,12 @@ def place(module: "torch.nn.Module", device: "torch.device", channels_last: bool
 
         for layer in module.modules():
             if isinstance(layer, torch.nn.Conv2d):
-                layer.register_forward_pre_hook(_channels_last_input)
+                layer.register_forward_pre_hook(channels_last_input)
     return module
 
 
-def _channels_last_input(layer: "torch.nn.Module", args: tuple) -> tuple:
+def channels_last_input(layer: "torch.nn.Module", args: tuple) -> tuple:
+    """``--channels-last``'s forward pre-hook: the input in channels-last memory; it reads and keeps nothing."""
     import torch
 
     x = args[0]

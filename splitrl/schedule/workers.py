@@ -35,6 +35,7 @@ from typing import Any, Callable, Generic, Sequence, TypeVar
 import torch
 from torch import nn
 
+from ..devices import channels_last_input
 from ..models.builtin import ResidualBlock
 from ..models.heads import ActorCriticHeads
 from ..models.layers import ImageStep, ScaleObs
@@ -61,15 +62,17 @@ T = TypeVar("T")
 
 def concurrent_safe(net: nn.Module) -> bool:
     """Whether ``net``'s forwards may run on several threads at once with the numbers they get one after another:
-    on the CPU, every module in it of a type in `_STATELESS`, holding no buffer and no forward hook, and no global
-    forward hook set (a hook may change the module it runs on)."""
+    on the CPU, every module in it of a type in `_STATELESS`, holding no buffer and no forward hook but
+    ``--channels-last``'s (which only lays its input out), and no global forward hook set (a hook may change the
+    module it runs on)."""
     from torch.nn.modules import module as _module
 
     if _module._global_forward_hooks or _module._global_forward_pre_hooks:
         return False
     if any(p.device.type != "cpu" for p in net.parameters()):  # a GPU runs one part's kernels at a time anyway
         return False
-    return all(type(m) in _STATELESS and not m._forward_hooks and not m._forward_pre_hooks
+    return all(type(m) in _STATELESS and not m._forward_hooks
+               and all(hook is channels_last_input for hook in m._forward_pre_hooks.values())
                and not any(True for _ in m.buffers(recurse=False)) for m in net.modules())
 
 

@@ -1,10 +1,13 @@
 """`splitrl.schedule.workers`: a minibatch's micro-batches on worker threads at once, with the numbers of one after
 another."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
 
+from splitrl.devices import place
 from splitrl.envs import inspect_env
 from splitrl.models import agent
 from splitrl.schedule import workers
@@ -46,6 +49,8 @@ def test_the_built_in_networks_may_take_their_parts_at_once_and_stateful_or_rand
     hooked.register_forward_pre_hook(lambda module, args: None)  # a hook may rewrite the module it runs on
     assert not concurrent_safe(hooked)
     assert not concurrent_safe(nn.Embedding(4, 4, max_norm=1.0))  # renormalises its weight in its forward
+    # --channels-last's hook only lays a convolution's input out: its micro-batches still go at once
+    assert concurrent_safe(place(copy.deepcopy(encoder), torch.device("cpu"), channels_last=True))
 
 
 def test_parts_on_workers_sum_to_the_gradients_of_the_parts_taken_in_turn_bit_for_bit(nets):
