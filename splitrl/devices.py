@@ -176,7 +176,7 @@ def channels_last_input(layer: "torch.nn.Module", args: tuple) -> tuple:
 
 
 ACTING_ROWS = 4
-"""The most rows a forward on the CPU may have to run on one intra-op thread (`acting_threads`). Measured with
+"""The most rows of a CPU forward that `acting_threads` runs on one intra-op thread. Measured with
 `benchmarks/acting_threads.py` (a step's forwards and draw, the paper's networks; wall ms on one thread / two):
 1 row 1.30 / 1.91-2.11, 4 rows 2.84-2.99 / 3.34-3.98, 8 rows 4.14-4.38 / 3.93-4.08, 16 rows 6.62-6.90 / 5.30-5.46.
 From 8 rows on, the second thread pays in wall time (not in CPU time)."""
