@@ -1,6 +1,7 @@
 """What torch's second intra-op thread buys each part: CPU and wall milliseconds of the acting forwards (batches
 of 1 to 16 rows) and of a training minibatch (128 rows through encoder and heads, backward and both Adam steps),
-on 1 and on 2 threads, the paper's networks, alternating two rounds.
+on 1 and on 2 threads, the paper's networks, alternating two rounds; and a one-row step on two threads switched
+to one for its forwards and back (`splitrl.devices.acting_threads`, as the stages do at every step).
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/acting_threads.py      # as splitrl sets it
 
@@ -8,9 +9,11 @@ Decides `splitrl.devices.ACTING_ROWS`: the acting forwards up to it run on one t
 """
 
 import time
+from contextlib import nullcontext
 
 import torch
 
+from splitrl.devices import acting_threads
 from splitrl.envs import inspect_env
 from splitrl.models import agent
 from splitrl.ppo import adam
@@ -33,11 +36,11 @@ def clock(fn, n):
     return (time.process_time() - cpu) / n * 1e3, (time.perf_counter() - wall) / n * 1e3
 
 
-def acting(rows):
+def acting(rows, switched=False):
     x = batch[:rows]
 
     def forward():
-        with torch.no_grad():
+        with torch.no_grad(), acting_threads(torch.device("cpu"), rows) if switched else nullcontext():
             heads.evaluate(*heads.outputs(encoder(x)), generator=g)
     return forward
 
@@ -57,5 +60,7 @@ for r in range(2):
     for threads in (1, 2):
         torch.set_num_threads(threads)
         cells = [f"acting, {rows} rows: {'%.3f / %.3f' % clock(acting(rows), 200)}" for rows in (1, 4, 8, 16)]
+        if threads == 2:
+            cells.append(f"acting, 1 row, switched to one thread: {'%.3f / %.3f' % clock(acting(1, True), 200)}")
         cells.append(f"a training minibatch: {'%.1f / %.1f' % clock(train, 12)}")
         print(f"round {r}, {threads} thread(s), CPU / wall ms: " + "; ".join(cells), flush=True)

@@ -23,8 +23,8 @@ order, so the numbers are not the default's to the last bit; both stages and the
 
 A forward of a few rows on the CPU (the rollout's acting, `acting_threads`) runs on one intra-op thread, whatever
 ``--threads`` says: torch's threads split a batch of one env's step too finely to gain, and waking them costs
-more than the work (`benchmarks/acting_threads.py`: one env's step, both networks' forwards and the draw, 1.30 ms
-on one thread, 1.9-2.1 ms on two). The training's minibatches keep every thread.
+more than the work (`benchmarks/acting_threads.py`: one env's step, both networks' forwards and the draw,
+1.4-1.5 ms on one thread, 2.1-2.8 ms on two). The training's minibatches keep every thread.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def channels_last_input(layer: "torch.nn.Module", args: tuple) -> tuple:
 ACTING_ROWS = 4
 """The most rows of a CPU forward that `acting_threads` runs on one intra-op thread. Measured with
 `benchmarks/acting_threads.py` (a step's forwards and draw, the paper's networks; wall ms on one thread / two):
-1 row 1.30 / 1.91-2.11, 4 rows 2.84-2.99 / 3.34-3.98, 8 rows 4.14-4.38 / 3.93-4.08, 16 rows 6.62-6.90 / 5.30-5.46.
+1 row 1.39-1.48 / 2.07-2.78, 4 rows 3.01-3.06 / 3.69-4.31, 8 rows 4.65 / 4.61-4.64, 16 rows 7.31-7.34 / 5.54-5.81.
 From 8 rows on, the second thread pays in wall time (not in CPU time)."""
 
 

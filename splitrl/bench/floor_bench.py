@@ -28,7 +28,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from ..devices import place
+from ..devices import one_thread, place
 from ..envs import inspect_env, make_vector_env
 from ..models import agent
 from ..ppo import adam, minibatch_schedule, ppo_loss
@@ -60,12 +60,8 @@ def measure_floor(settings: TrainSettings, cores: int | None = None, channels_la
     """One iteration's parts for ``settings`` (`PARTS`, CPU seconds each), and the floors they imply on ``cores``
     cores (default: this machine's) and on an edge and a server of one core each; with ``channels_last``, the
     networks' convolutions as ``--channels-last`` runs them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         seconds = _measure(settings, channels_last)
-    finally:
-        torch.set_num_threads(threads)
     cores = cores or os.cpu_count() or 1
     edge = sum(seconds[p] for p in EDGE_PARTS)
     total = sum(seconds.values())

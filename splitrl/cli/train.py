@@ -87,14 +87,12 @@ def run(settings: TrainSettings, options: RunOptions, endpoint: str | None) -> N
         # Every problem either stage would find is found here, before either starts; one torch thread
         # builds the network to check faster on a busy machine than several. Then the stages are forked from
         # here (they share this process's imports), with torch's thread count as it was.
-        import torch
+        from ..devices import one_thread
 
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        placed = dataclasses.replace(options, run_dir=options.run_dir_for(settings.env.env_id))
-        check(settings, placed, LAUNCHER)
-        stage_args, run_dir = stage_argv(settings, placed)
-        torch.set_num_threads(threads)
+        with one_thread():
+            placed = dataclasses.replace(options, run_dir=options.run_dir_for(settings.env.env_id))
+            check(settings, placed, LAUNCHER)
+            stage_args, run_dir = stage_argv(settings, placed)
         # Not for a stage on cuda: the check touched CUDA here, and a forked child cannot initialise it again.
         on_cuda = any(str(options.device(stage)).startswith("cuda") for stage in ("stage0", "stage1"))
         count = 0 if on_cuda else settings.schedule.edges + (options.learners == 1)
