@@ -11,6 +11,12 @@ the seconds of each phase in the window and the seconds in no phase (the loops' 
 nothing to do); ``--out`` draws the rows (matplotlib). The env worker processes are not traced: stage0's
 ``env`` spans show when it waits for them. ``--spans FROM:TO`` also lists every span that starts between FROM and
 TO seconds into the iteration, in order, in milliseconds from FROM: a few minibatches up close.
+
+``--cpu`` prints where each stage process's CPU seconds went in the iteration instead: in each stretch its loop
+marks (the synchronous schedule's ``rollout`` and ``training``), the process's CPU seconds (all its threads),
+its phases' thread CPU seconds, and the rest (``around``: receiving and sending, ZeroMQ's I/O threads, the loop's
+own Python between phases). ``--floor FILE`` (`splitrl bench floor --json FILE`, the same settings) sets each
+stretch against the parts it runs (`STRETCH_PARTS`), timed alone.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ def load(directory: Path, iteration: int) -> tuple[tuple[float, float], list[Row
     roles: dict[int, set[str]] = {}
     for line in lines:
         roles.setdefault(line["pid"], set()).add(line["role"])
-        for thread, phase, start, end in line["spans"]:
+        for thread, phase, start, end, *_ in line["spans"]:  # (then the span's thread CPU seconds)
             start, end = max(start, window[0]), min(end, window[1])
             if end > start:
                 rows.setdefault((line["pid"], thread), []).append((phase, start, end))
@@ -63,6 +69,54 @@ def account(window: tuple[float, float], rows: list[Row]) -> list[dict[str, Any]
                 reach = end
         out.append({"row": name, "phases": phases, "in no phase": window[1] - window[0] - covered})
     return out
+
+
+STRETCH_PARTS = {("stage0", "rollout"): ("envs", "encoder acting"), ("stage0", "training"): ("encoder training",),
+                 ("stage1", "rollout"): ("heads acting",), ("stage1", "training"): ("heads training",)}
+"""The parts (`splitrl.bench.floor_bench.PARTS`) each stage's stretch runs."""
+
+
+def cpu_account(directory: Path, iteration: int, floor: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Per stage process, its line of ``iteration``: the process's CPU seconds since its last line, and per
+    stretch its process CPU seconds, wall seconds, each phase's thread CPU seconds (the spans that start in it),
+    the rest (``around``) and, with ``floor`` (`splitrl bench floor`'s JSON), the parts' CPU seconds."""
+    out = []
+    for path in sorted(directory.glob("timeline-*.jsonl")):
+        for line in map(json.loads, filter(str.strip, path.read_text().splitlines())):
+            if line["iteration"] != iteration or "cpu" not in line:
+                continue
+            spans = [span for span in line["spans"] if len(span) > 4]
+            stretches = []
+            for name, start, end, cpu in line.get("stretches", []):
+                phases: dict[str, float] = {}
+                for _, phase, begin, _, used in spans:
+                    if start <= begin < end:
+                        phases[phase] = phases.get(phase, 0.0) + used
+                row = {"stretch": name, "cpu": cpu, "wall": end - start, "phases": phases,
+                       "around": cpu - sum(phases.values())}
+                parts = STRETCH_PARTS.get((line["role"], name))
+                if floor is not None and parts is not None:
+                    row["parts"] = sum(floor["parts"][p] for p in parts)
+                stretches.append(row)
+            out.append({"process": line["role"], "pid": line["pid"], "cpu": line["cpu"], "stretches": stretches})
+    return sorted(out, key=lambda r: r["process"])
+
+
+def cpu_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: each process's stretches, then the rest of its iteration (``rest``: what no stretch holds)."""
+    lines = ["| process | stretch | wall s | CPU s | phases (thread CPU s) | around | parts alone | over parts |",
+             "|---|---|---:|---:|---|---:|---:|---:|"]
+    for r in rows:
+        for st in r["stretches"]:
+            phases = ", ".join(f"{p} {v:.2f}" for p, v in sorted(st["phases"].items()))
+            parts = st.get("parts")
+            over = f"+{st['cpu'] - parts:.2f} ({st['cpu'] / parts:.2f}x)" if parts else ""
+            lines.append(f"| {r['process']} | {st['stretch']} | {st['wall']:.1f} | {st['cpu']:.2f} | {phases} | "
+                         f"{st['around']:.2f} | {'' if parts is None else f'{parts:.2f}'} | {over} |")
+        rest = r["cpu"] - sum(st["cpu"] for st in r["stretches"])
+        lines.append(f"| {r['process']} | rest | | {rest:.2f} | | | | |")
+        lines.append(f"| {r['process']} | **iteration** | | **{r['cpu']:.2f}** | | | | |")
+    return "\n".join(lines)
 
 
 def draw(window: tuple[float, float], rows: list[Row], path: Path, title: str) -> None:
@@ -106,7 +160,17 @@ def main() -> None:
     parser.add_argument("--title", default="")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--spans", default=None, help="FROM:TO seconds into the iteration: list those spans")
+    parser.add_argument("--cpu", action="store_true", help="each process's CPU seconds by stretch and phase")
+    parser.add_argument("--floor", type=Path, default=None, help="with --cpu: `splitrl bench floor --json` output")
     args = parser.parse_args()
+    if args.cpu:
+        floor = json.loads(args.floor.read_text()) if args.floor else None
+        rows = cpu_account(args.directory, args.iteration, floor)
+        print(f"iteration {args.iteration}: CPU seconds")
+        print(cpu_table(rows))
+        if args.json:
+            args.json.write_text(json.dumps({"iteration": args.iteration, "processes": rows}, indent=1))
+        return
     window, rows = load(args.directory, args.iteration)
     table = account(window, rows)
     phases = sorted({p for r in table for p in r["phases"]})

@@ -10,8 +10,9 @@ or schedule around them:
 - ``encoder acting`` / ``heads acting``: each step's forward of the encoder on that step's observations
   (batch ``num_envs``) and of the heads on its features, with the action drawn, without a graph;
 - ``encoder training`` / ``heads training``: every minibatch of every epoch through the encoder and the heads,
-  forward, PPO's loss, backward and an Adam step on each side, the gradient handed across the cut as the split
-  hands it (the encoder's part is its forward, its backward from that gradient and its step).
+  forward, PPO's loss, backward, the gradient's clipping to ``max_grad_norm`` and an Adam step on each side (the
+  update's own maths: `Edge.optimizer_step`, `PPOUpdate.step`), the gradient handed across the cut as the split
+  hands it (the encoder's part is its forward, its backward from that gradient, its clipping and its step).
 
 The floor of an iteration is then the parts' sum over the cores that run them (every core busy all the time,
 no part waiting for another: no schedule does better), and, for an edge and a server on machines of their own,
@@ -27,6 +28,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..devices import one_thread, place
 from ..envs import inspect_env, make_vector_env
@@ -75,8 +77,9 @@ def _measure(settings: TrainSettings, channels_last: bool) -> dict[str, float]:
     settings = settings.for_observation(spec.observation)  # the model and image pipeline the run would resolve
     ppo, n, clock = settings.ppo, settings.env.num_envs, _Clock()
     encoder, heads = (place(net, torch.device("cpu"), channels_last) for net in agent(settings, spec))
-    optimizers = [adam(p, lr=lr, fused=ppo.fused_adam) for p, lr in ((list(encoder.parameters()), ppo.lr_encoder),
-                                                                     (list(heads.parameters()), ppo.lr_heads)) if p]
+    encoder_params, heads_params = list(encoder.parameters()), list(heads.parameters())
+    optimizers = [adam(p, lr=lr, fused=ppo.fused_adam) for p, lr in ((encoder_params, ppo.lr_encoder),
+                                                                     (heads_params, ppo.lr_heads)) if p]
     generator = torch.Generator().manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
     envs, _ = make_vector_env(settings.env, vector="sync", reward_clip=ppo.reward_clip,
@@ -116,11 +119,13 @@ def _measure(settings: TrainSettings, channels_last: bool) -> dict[str, float]:
                                    returns[idx], entropy, clip_coef=ppo.clip_coef, vf_coef=ppo.vf_coef,
                                    ent_coef=ppo.ent_coef, clip_vloss=ppo.clip_vloss, norm_adv=ppo.norm_adv)
                 loss.backward()
+                nn.utils.clip_grad_norm_(heads_params, ppo.max_grad_norm)
                 optimizers[-1].step()
                 optimizers[-1].zero_grad(set_to_none=True)
             if out.requires_grad:
                 with clock("encoder training"):
                     out.backward(cut.grad)
+                    nn.utils.clip_grad_norm_(encoder_params, ppo.max_grad_norm)
                     optimizers[0].step()
                     optimizers[0].zero_grad(set_to_none=True)
     return clock.seconds

@@ -8,8 +8,9 @@ import os
 import threading
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -59,13 +60,33 @@ class Timeline:
     as `IterationLog` times it). The times are ``time.perf_counter``'s, CLOCK_MONOTONIC on Linux, which every
     process on a machine shares, so the stages' lines lie on one time axis; a reader takes an iteration's spans
     by that window, whichever line holds them (`benchmarks/timeline.py`). A process that never flushes (a
-    benchmark's own loop) keeps its spans until it ends."""
+    benchmark's own loop) keeps its spans until it ends.
+
+    CPU time goes with them: each span's thread CPU seconds, each line's process CPU seconds since the last one
+    (every thread's: ZeroMQ's I/O threads, torch's intra-op threads), and the stretches a loop marks
+    (`stretch`: the synchronous schedule's rollout and training) with the process CPU seconds in each, so a
+    reader can set a stretch's CPU against the parts `splitrl bench floor` times alone."""
 
     def __init__(self) -> None:
         directory = os.environ.get(TIMELINE_ENV, "")
         self.directory = Path(directory) if directory else None
-        self.spans: list[tuple[str, str, float, float]] = []
-        """(thread, phase, start, end), appended by any thread, since the last flush."""
+        self.spans: list[tuple[str, str, float, float, float]] = []
+        """(thread, phase, start, end, thread CPU seconds), appended by any thread, since the last flush."""
+        self.stretches: list[tuple[str, float, float, float]] = []
+        """(name, start, end, process CPU seconds) of the stretches marked since the last flush."""
+        self._flushed_cpu = 0.0
+
+    @contextmanager
+    def stretch(self, name: str) -> Iterator[None]:
+        """Mark a stretch of a stage's loop (one thread's, the others idle or serving it), when tracing."""
+        if self.directory is None:
+            yield
+            return
+        start, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.stretches.append((name, start, time.perf_counter(), time.process_time() - cpu))
 
     def flush(self, role: str, iteration: int, window: tuple[float, float] | None = None) -> None:
         if self.directory is None:
@@ -73,8 +94,11 @@ class Timeline:
         n = len(self.spans)  # what another thread appends meanwhile stays for the next line
         spans = self.spans[:n]
         del self.spans[:n]
+        stretches, self.stretches = self.stretches, []
+        cpu, self._flushed_cpu = time.process_time() - self._flushed_cpu, time.process_time()
         self.directory.mkdir(parents=True, exist_ok=True)
-        line = {"role": role, "pid": os.getpid(), "iteration": iteration, "window": window, "spans": spans}
+        line = {"role": role, "pid": os.getpid(), "iteration": iteration, "window": window, "spans": spans,
+                "stretches": stretches, "cpu": cpu}
         with open(self.directory / f"timeline-{os.getpid()}.jsonl", "a") as f:  # `splitrl run`'s stages fork
             f.write(json.dumps(line) + "\n")
 
@@ -83,19 +107,22 @@ TIMELINE = Timeline()
 
 
 class _Phase:
-    __slots__ = ("clock", "name", "start")
+    __slots__ = ("clock", "name", "start", "cpu")
 
     def __init__(self, clock: "PhaseClock", name: str) -> None:
-        self.clock, self.name, self.start = clock, name, 0.0
+        self.clock, self.name, self.start, self.cpu = clock, name, 0.0, 0.0
 
     def __enter__(self) -> None:
+        if TIMELINE.directory is not None:
+            self.cpu = time.thread_time()
         self.start = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
         end = time.perf_counter()
         self.clock.seconds[self.name] += end - self.start
         if TIMELINE.directory is not None:
-            TIMELINE.spans.append((threading.current_thread().name, self.name, self.start, end))
+            TIMELINE.spans.append((threading.current_thread().name, self.name, self.start, end,
+                                   time.thread_time() - self.cpu))
 
 
 class PhaseClock:

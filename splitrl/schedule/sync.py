@@ -23,8 +23,8 @@ from ..runs import RunLog
 from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..stages.evaluate import Evaluation
 from ..transport import Transport
-from .common import (IterationLog, PhaseClock, checkpoint_due, expect, stage0_after_rollout, stage0_finish,
-                     stage1_finish)
+from .common import (TIMELINE, IterationLog, PhaseClock, checkpoint_due, expect, stage0_after_rollout,
+                     stage0_finish, stage1_finish)
 from .training import stage0_train, stage1_train
 
 __all__ = ["stage0_open", "stage1_open", "stage0_loop", "stage1_loop", "stage0_rollout"]
@@ -69,13 +69,15 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, measured
         metrics.start()
 
         # -- rollout: one round trip per env step ------------------------------------
-        stage0_rollout(edge, link, clock, iteration)
+        with TIMELINE.stretch("rollout"):
+            stage0_rollout(edge, link, clock, iteration)
         clock.seconds["link_rollout"] = clock.seconds["link"]  # the rollout's share: the planner splits them
         rollout, order = stage0_after_rollout(edge, exchange, link, clock, iteration)  # and the replica's update
 
         # -- training: one round trip per minibatch ------------------------------------
         if edge.trains:
-            stage0_train(edge, exchange, link, clock, order)
+            with TIMELINE.stretch("training"):
+                stage0_train(edge, exchange, link, clock, order)
 
         # -- iteration end: iter_end -> stage1's statistics, checkpoints, the metrics line --
         checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
@@ -93,11 +95,12 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
 
         # -- rollout: act on every step, then GAE --------------------------------------
         learner.begin_rollout(iteration)
-        for t in range(s.ppo.num_steps):
-            msg = expect(link, "step", t=t)
-            with busy("heads"):
-                tensors, header = learner.act(t, msg)
-            link.send("action", tensors, {**header, "t": t})
+        with TIMELINE.stretch("rollout"):
+            for t in range(s.ppo.num_steps):
+                msg = expect(link, "step", t=t)
+                with busy("heads"):
+                    tensors, header = learner.act(t, msg)
+                link.send("action", tensors, {**header, "t": t})
         busy.seconds["heads_rollout"] = busy.seconds["heads"]
         msg = expect(link, "rollout_end")
         with busy("heads"):
@@ -110,7 +113,8 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
 
         # -- training: one PPO update per minibatch, on what stage0 sends --------------
         if not learner.trains_alone:
-            stage1_train(learner, exchange, link, busy, order)
+            with TIMELINE.stretch("training"):
+                stage1_train(learner, exchange, link, busy, order)
 
         # -- iteration end (with the cut before the first layer, stage1 trains now) ----
         stage1_finish(learner, exchange, link, busy, iteration, order, run_log, cpu_start, rollout)

@@ -48,6 +48,20 @@ def test_with_channels_last_the_parts_are_timed_as_such_a_run_computes_them(tmp_
     assert json.loads((tmp_path / "floor.json").read_text())["channels_last"] is True
 
 
+def test_each_sides_training_clips_its_gradient_as_the_update_does(monkeypatch):
+    import torch
+
+    clipped = []
+    clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
+                        lambda params, norm: clipped.append((len(params), norm)) or clip(params, norm))
+    settings = _tiny()
+    measure_floor(settings, cores=1)
+    minibatches = settings.ppo.epochs * settings.ppo.minibatches
+    assert len(clipped) == 2 * minibatches  # the heads' and the encoder's, each minibatch
+    assert {norm for _, norm in clipped} == {settings.ppo.max_grad_norm}
+
+
 def _tiny(**top):
     from splitrl.settings import EnvSettings, PPOSettings
 

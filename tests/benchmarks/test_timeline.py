@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.timeline import account, draw, load
+from benchmarks.timeline import STRETCH_PARTS, account, cpu_account, cpu_table, draw, load
 
 TINY = ["--total-steps", "128", "--num-steps", "32", "--epochs", "2", "--minibatches", "2", "--max-episode-steps", "20",
         "--threads", "1", "--checkpoint-every", "0", "--vector", "sync", "--num-envs", "2", "--rollout-groups", "2",
@@ -66,3 +66,32 @@ def test_no_spans_are_kept_without_the_variable():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                          check=True).stdout
     assert out.split() == ["None", "0"]
+
+
+def test_a_synchronous_runs_stretches_carry_each_process_cpu_and_set_it_against_the_parts(tmp_path: Path):
+    """The synchronous schedule marks each stage's rollout and training: their process CPU seconds hold their
+    phases' thread CPU seconds, and a floor's parts are set against the stretch that runs them."""
+    env = dict(os.environ, SPLITRL_TIMELINE=str(tmp_path / "spans"), SPLITRL_PROGRESS="0")
+    subprocess.run([sys.executable, "-m", "splitrl", "run", "--run-dir", str(tmp_path / "run"), *TINY[:12]], env=env,
+                   check=True, timeout=240, capture_output=True)
+    floor = {"parts": {"envs": 1.0, "encoder acting": 0.5, "heads acting": 0.25, "encoder training": 2.0,
+                       "heads training": 4.0}}
+    rows = {r["process"]: r for r in cpu_account(tmp_path / "spans", 2, floor)}
+    assert set(rows) == {"stage0", "stage1"}
+    for role, r in rows.items():
+        assert [st["stretch"] for st in r["stretches"]] == ["rollout", "training"]
+        for st in r["stretches"]:
+            assert st["cpu"] > 0 and st["wall"] > 0
+            # a phase's thread CPU is part of its process's; the clocks tick in steps of a few milliseconds
+            assert sum(st["phases"].values()) <= st["cpu"] + 0.02
+            assert st["around"] == pytest.approx(st["cpu"] - sum(st["phases"].values()))
+            assert st["parts"] == sum(floor["parts"][p] for p in STRETCH_PARTS[(role, st["stretch"])])
+        assert sum(st["cpu"] for st in r["stretches"]) <= r["cpu"] + 0.02
+    assert {"env", "encoder"} <= set(rows["stage0"]["stretches"][0]["phases"])
+    assert set(rows["stage1"]["stretches"][1]["phases"]) == {"heads"}
+    table = cpu_table(list(rows.values()))
+    assert "| stage1 | training |" in table and "x) |" in table
+    out = subprocess.run([sys.executable, "benchmarks/timeline.py", str(tmp_path / "spans"), "--iteration", "2",
+                          "--cpu"], capture_output=True, text=True, timeout=120, check=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout
+    assert "| stage0 | rollout |" in out and "| stage1 | **iteration** |" in out

@@ -1,0 +1,92 @@
+"""What a stage's per-step calls cost when the process comes back to them cold, against the same calls in a loop.
+
+    python benchmarks/cold_calls.py [--count 300] [--pause-ms 4]
+
+In the synchronous split each process waits through the other's turn at every env step: stage1 while stage0
+steps the env (about 5 ms of rendering and physics), stage0 while stage1 acts. What ran meanwhile (the other
+process, on this core or the one beside it) has taken the caches, so each call after the wake-up finds its code
+and data cold. Each call here is timed (thread CPU) right after such a pause (a 64 MiB buffer read, then a spin
+of ``--pause-ms``) and in a tight loop (warm); the ratio is what the wake-ups of 4,096 round trips an iteration
+multiply. Calls: a 16 KiB frame as a torch tensor (`torch.frombuffer`); the wire's decode of a rollout step as
+the synchronous split sends it (features, reward, terminated, truncated); the paper's heads' acting forward and
+draw on one row (the floor's ``heads acting`` part, `splitrl bench floor`); and `Learner.act` on that step (the
+part and the bookkeeping around it: the outcome read and checked, the draw scored, the rollout's rows stored).
+One thread. Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+from splitrl.envs import inspect_env
+from splitrl.settings import TrainSettings
+from splitrl.stages import Learner
+from splitrl.transport.wire import decode, encode
+
+
+def timed(call: Callable[[], object], count: int, pause_s: float) -> tuple[float, float]:
+    """(cold, warm) thread-CPU microseconds of one ``call``: the mean over ``count`` calls after a pause, and
+    over ``10 * count`` calls back to back."""
+    evict = np.ones(8 << 20)  # 64 MiB: more than the last-level cache
+    cold = 0.0
+    for _ in range(count):
+        evict.sum()
+        until = time.perf_counter() + pause_s
+        while time.perf_counter() < until:
+            pass
+        start = time.thread_time()
+        call()
+        cold += time.thread_time() - start
+    for _ in range(count):
+        call()
+    start = time.thread_time()
+    for _ in range(10 * count):
+        call()
+    warm = (time.thread_time() - start) / (10 * count)
+    return 1e6 * cold / count, 1e6 * warm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=300)
+    parser.add_argument("--pause-ms", type=float, default=4.0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    settings = TrainSettings()
+    spec = inspect_env(settings.env)
+    learner = Learner(settings, spec)
+    learner.begin_rollout(1)
+    features = torch.randn(1, learner.feature_dim)
+    step = {"features": features, "reward": torch.zeros(1), "terminated": torch.zeros(1, dtype=torch.bool),
+            "truncated": torch.zeros(1, dtype=torch.bool)}
+    frames = [bytes(memoryview(f)) if not isinstance(f, bytes) else f for f in encode("step", 1, {"t": 1}, step)]
+    frame = bytearray(features.numpy().tobytes())
+    message = decode(frames)
+    t = iter(range(1, 1 << 30))
+
+    def act() -> object:
+        return learner.act(next(t) % (settings.ppo.num_steps - 1) + 1, message)
+
+    def heads() -> object:
+        with torch.no_grad():
+            return learner.heads.evaluate(*learner.heads.outputs(features), generator=learner.generator)
+
+    calls = [("torch.frombuffer, 16 KiB", lambda: torch.frombuffer(frame, dtype=torch.float32)),
+             ("wire decode of a step", lambda: decode(frames)),
+             ("heads' acting forward and draw (a part)", heads),
+             ("Learner.act (the part and its bookkeeping)", act)]
+    print(f"thread CPU us a call, after a {args.pause_ms:g} ms pause that evicts the caches, and back to back")
+    print("| call | cold | warm | cold / warm |")
+    print("|---|---:|---:|---:|")
+    for name, call in calls:
+        cold, warm = timed(call, args.count, args.pause_ms / 1e3)
+        print(f"| {name} | {cold:.1f} | {warm:.1f} | {cold / warm:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()

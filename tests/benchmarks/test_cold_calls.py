@@ -1,0 +1,27 @@
+"""benchmarks/cold_calls.py times each call after a pause and back to back, and prints a row a call."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.cold_calls import timed
+
+
+def test_a_call_is_timed_cold_and_warm():
+    calls = []
+    cold, warm = timed(lambda: calls.append(1), count=3, pause_s=0.001)
+    assert len(calls) == 3 + 3 + 30  # cold, a warm-up, then the warm loop
+    assert cold >= 0 and warm >= 0
+
+
+def test_the_script_prints_a_row_for_each_call():
+    out = subprocess.run([sys.executable, "benchmarks/cold_calls.py", "--count", "2", "--pause-ms", "0.1"],
+                         capture_output=True, text=True, timeout=300, check=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| call")]
+    assert [row.split(" | ")[0] for row in rows] == ["| torch.frombuffer, 16 KiB", "| wire decode of a step",
+                                                     "| heads' acting forward and draw (a part)",
+                                                     "| Learner.act (the part and its bookkeeping)"]
+    assert all(row.endswith("x |") for row in rows)
