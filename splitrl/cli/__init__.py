@@ -42,8 +42,9 @@ Environment:
   SPLITRL_PROGRESS=0|1        the progress bar within an iteration: never, or also off a terminal
   SPLITRL_ALLOCATOR=default   leave glibc's malloc thresholds as they are (every command raises them so
                               that freed buffers are reused, not mapped again: docs/benchmarks/floor.md)
-  SPLITRL_TIMELINE=DIR        each stage process appends its phases' spans to DIR/timeline-PID.jsonl
-                              (benchmarks/timeline.py draws them)"""
+  SPLITRL_TIMELINE=DIR        each stage process appends its phases' spans, with their CPU seconds, to
+                              DIR/timeline-PID.jsonl (benchmarks/timeline.py draws them, and with --cpu
+                              sets each stage's CPU against the parts `splitrl bench floor` times alone)"""
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
