@@ -36,7 +36,7 @@ from ..models import agent
 from ..ppo import adam, minibatch_schedule, ppo_loss
 from ..settings import TrainSettings
 
-__all__ = ["PARTS", "EDGE_PARTS", "measure_floor", "floor_table"]
+__all__ = ["PARTS", "EDGE_PARTS", "measure_floor", "bracketed", "floor_table"]
 
 PARTS = ("envs", "encoder acting", "heads acting", "encoder training", "heads training")
 EDGE_PARTS = ("envs", "encoder acting", "encoder training")
@@ -64,12 +64,24 @@ def measure_floor(settings: TrainSettings, cores: int | None = None, channels_la
     networks' convolutions as ``--channels-last`` runs them."""
     with one_thread():
         seconds = _measure(settings, channels_last)
-    cores = cores or os.cpu_count() or 1
+    return _implied(seconds, cores or os.cpu_count() or 1, settings.steps_per_iteration, channels_last)
+
+
+def bracketed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Two measurements of the same parts (`measure_floor`), one before a bench's runs and one after: each part's
+    mean and the floors they imply, with ``bracket``, the two totals (how far the machine moved meanwhile)."""
+    seconds = {part: (before["parts"][part] + after["parts"][part]) / 2 for part in PARTS}
+    floor = _implied(seconds, before["cores"], before["steps"], before["channels_last"])
+    floor["bracket"] = [before["total"], after["total"]]
+    return floor
+
+
+def _implied(seconds: dict[str, float], cores: int, steps: int, channels_last: bool) -> dict[str, Any]:
     edge = sum(seconds[p] for p in EDGE_PARTS)
     total = sum(seconds.values())
     return {"parts": seconds, "total": total, "edge": edge, "server": total - edge, "cores": cores,
-            "floor": total / cores, "two_machines": max(edge, total - edge),
-            "steps": settings.steps_per_iteration, "channels_last": channels_last}
+            "floor": total / cores, "two_machines": max(edge, total - edge), "steps": steps,
+            "channels_last": channels_last}
 
 
 def _measure(settings: TrainSettings, channels_last: bool) -> dict[str, float]:
@@ -144,6 +156,9 @@ def floor_table(floor: dict[str, Any], rows: Sequence[tuple[str, float]] = ()) -
         f"{floor['floor']:.2f} s |",
         f"| floor on an edge and a server of one core each (the larger side) | | {floor['two_machines']:.2f} s |",
     ]
+    if "bracket" in floor:
+        lines.append("| all parts, timed before and after the runs (their mean above) | | "
+                     + " and ".join(f"{total:.2f}" for total in floor["bracket"]) + " |")
     if rows:
         lines += ["", "| run | s / iteration | x floor |", "|---|---:|---:|"]
         lines += [f"| {name} | {seconds:.1f} | {seconds / floor['floor']:.2f}x |" for name, seconds in rows]

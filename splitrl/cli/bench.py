@@ -195,8 +195,8 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
 
     Columns: s/iteration, steps/s, each stage's and the env workers' busy fraction (CPU s / wall s), the CPU
     seconds an iteration costs in all, link wait, MB per iteration, staleness. EXTRA arguments (after --) go to every run, e.g. -- --threads 1.
-    After the rows, the parts of an iteration alone (`splitrl bench floor`, the paper's eager kernels): 'x floor'
-    is each row over their floor; with --channels-last or --fused-adam in EXTRA the parts are measured with those
+    Before and after the rows, the parts of an iteration alone (`splitrl bench floor`, the paper's eager kernels;
+    the mean of the two): 'x floor' is each row over their floor; with --channels-last or --fused-adam in EXTRA the parts are measured with those
     too, and 'CPU over parts' is over those.
     """
     from ..bench.pipeline_bench import MODES, pipeline_rows, pipeline_table, run_pipeline_bench
@@ -212,16 +212,27 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
                                   out_dir=out_dir, echo=lambda line: click.echo(line, err=True))
 
     fused, channels_last = _faster_parts(extra)  # (and EXTRA checked before any run)
+    from ..bench.floor_bench import bracketed, floor_table, measure_floor
+
+    def measured() -> tuple[dict, dict]:
+        """The parts alone (the eager floor), and the rows' own where they compute them otherwise."""
+        floor = run_cli(lambda: measure_floor(TrainSettings()))
+        if not (fused or channels_last):
+            return floor, floor
+        own = TrainSettings(ppo=PPOSettings(fused_adam=fused))
+        return floor, run_cli(lambda: measure_floor(own, channels_last=channels_last))
+
+    # The parts alone, in the same run as the rows they are the floor of: before and after them, so that a
+    # machine whose speed moves during the runs moves the floor with it (the mean of the two).
+    before = None if table_only else measured()
     rows = run_cli(go)
     floor = parts = None
-    if not table_only:  # the parts alone, in the same run as the rows they are the floor of
-        from ..bench.floor_bench import floor_table, measure_floor
-
-        floor = parts = run_cli(lambda: measure_floor(TrainSettings()))
+    if before is not None:
+        after = measured()
+        floor = bracketed(before[0], after[0])
+        parts = floor if before[1] is before[0] else bracketed(before[1], after[1])
         click.echo(floor_table(floor) + "\n")
-        if fused or channels_last:  # the rows' own parts too: their CPU over the parts is over these
-            own = TrainSettings(ppo=PPOSettings(fused_adam=fused))
-            parts = run_cli(lambda: measure_floor(own, channels_last=channels_last))
+        if parts is not floor:  # the rows' own parts too: their CPU over the parts is over these
             named = " ".join(name for name, on in (("--fused-adam", fused), ("--channels-last", channels_last)) if on)
             click.echo(f"The parts with {named}, as the rows compute them:\n\n" + floor_table(parts) + "\n")
     click.echo(pipeline_table(rows, floor, parts))

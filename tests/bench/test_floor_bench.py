@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from splitrl.bench.floor_bench import EDGE_PARTS, PARTS, floor_table, measure_floor
+from splitrl.bench.floor_bench import EDGE_PARTS, PARTS, bracketed, floor_table, measure_floor
 from splitrl.settings import TrainSettings
 
 from ..conftest import splitrl_here
@@ -60,6 +60,43 @@ def test_each_sides_training_clips_its_gradient_as_the_update_does(monkeypatch):
     minibatches = settings.ppo.epochs * settings.ppo.minibatches
     assert len(clipped) == 2 * minibatches  # the heads' and the encoder's, each minibatch
     assert {norm for _, norm in clipped} == {settings.ppo.max_grad_norm}
+
+
+def test_parts_timed_before_and_after_the_runs_give_their_mean_and_say_how_far_they_moved():
+    def timed(scale):
+        return {"parts": {p: scale * (i + 1) for i, p in enumerate(PARTS)}, "total": scale * 15, "cores": 2,
+                "steps": 4096, "channels_last": False}
+
+    floor = bracketed(timed(1.0), timed(1.2))
+    assert floor["parts"] == {p: pytest.approx(1.1 * (i + 1)) for i, p in enumerate(PARTS)}
+    assert floor["total"] == pytest.approx(16.5) and floor["floor"] == pytest.approx(8.25)
+    assert floor["edge"] == pytest.approx(1.1 * (1 + 2 + 4)) and floor["bracket"] == [15.0, 18.0]
+    assert floor_table(floor).splitlines()[-1] == \
+        "| all parts, timed before and after the runs (their mean above) | | 15.00 and 18.00 |"
+
+
+def test_the_pipeline_bench_times_the_parts_before_and_after_its_runs(monkeypatch):
+    from splitrl.bench import floor_bench, pipeline_bench
+
+    order = []
+
+    def measure(settings, cores=None, channels_last=False):
+        order.append(("parts", channels_last))
+        return floor_bench._implied({p: 10.0 * len(order) for p in PARTS}, 2, 4096, channels_last)
+
+    def runs(*args, **kwargs):
+        order.append("runs")
+        return []
+
+    monkeypatch.setattr(floor_bench, "measure_floor", measure)
+    monkeypatch.setattr(pipeline_bench, "run_pipeline_bench", runs)
+    out = splitrl_here("bench", "pipeline", "--modes", "sync", "--rtt", "0").output
+    assert order == [("parts", False), "runs", ("parts", False)]
+    assert "| all parts | | 100.00 |" in out and "50.00 and 150.00 |" in out  # the mean of 10 and 30 a part
+    order.clear()
+    out = splitrl_here("bench", "pipeline", "--modes", "sync", "--rtt", "0", "--", "--channels-last").output
+    assert order == [("parts", False), ("parts", True), "runs", ("parts", False), ("parts", True)]
+    assert "The parts with --channels-last" in out
 
 
 def _tiny(**top):
