@@ -100,8 +100,12 @@ class Rollouts:
     def store(self, iteration: int, parts: list[tuple[int, int]], x: torch.Tensor, version: int, *,
               actions: torch.Tensor, logprobs: torch.Tensor, values: torch.Tensor) -> None:
         """What the policy ``version`` did on inputs ``x`` at the steps of ``parts`` ((step, group) each)."""
-        at, envs = self.groups.rows_of(parts)
-        self.buffers[iteration].add_rows(at, envs, actions=actions, logprobs=logprobs, values=values)
+        if len(parts) == 1:  # one group's step: its rows are a slice, written as one (no index tensors)
+            at, envs = parts[0][0], self.groups.slices[parts[0][1]]
+            self.buffers[iteration].add(at, actions=actions, logprobs=logprobs, values=values, envs=envs)
+        else:
+            at, envs = self.groups.rows_of(parts)
+            self.buffers[iteration].add_rows(at, envs, actions=actions, logprobs=logprobs, values=values)
         if self.inputs is not None:
             self.inputs[iteration][at, envs] = x
         self.versions[iteration][at, envs] = version
@@ -110,6 +114,12 @@ class Rollouts:
         """Outcomes ((step, group, (reward, terminated, truncated, final values)) each, as
         `splitrl.stages.outcomes.read_outcome` reads them) into the rollout's buffer, all at once."""
         if not outcomes:
+            return
+        if len(outcomes) == 1:  # one group's: its rows are a slice, written as one (no index tensors, no copies)
+            step, g, outcome = outcomes[0]
+            reward, terminated, truncated, final_values = (to_device(part, self.device) for part in outcome)
+            self.buffers[iteration].add_outcome(step, rewards=reward, terminated=terminated, truncated=truncated,
+                                                final_values=final_values, envs=self.groups.slices[g])
             return
         steps, envs = self.groups.rows_of([(step, g) for step, g, _ in outcomes])
         reward, terminated, truncated, final_values = (to_device(torch.cat(parts), self.device)
