@@ -1,4 +1,4 @@
-"""benchmarks/cold_calls.py times each call after a pause and back to back, and prints a row a call."""
+"""benchmarks/cold_calls.py and benchmarks/rollout_store.py: each call timed after a pause and back to back."""
 
 from __future__ import annotations
 
@@ -25,3 +25,12 @@ def test_the_script_prints_a_row_for_each_call():
                                                      "| heads' acting forward and draw (a part)",
                                                      "| Learner.act (the part and its bookkeeping)"]
     assert all(row.endswith("x |") for row in rows)
+
+
+def test_the_rollout_storage_benchmark_times_both_ways_each_round():
+    out = subprocess.run([sys.executable, "benchmarks/rollout_store.py", "--count", "2", "--rounds", "2"],
+                         capture_output=True, text=True, timeout=300, check=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout
+    rows = [line.split(" | ")[:2] for line in out.splitlines() if line.startswith("| ") and "round" not in line]
+    assert rows == [["| 1", "through index tensors"], ["| 1", "as a slice"], ["| 2", "through index tensors"],
+                    ["| 2", "as a slice"]]
