@@ -196,8 +196,8 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
     Columns: s/iteration, steps/s, each stage's and the env workers' busy fraction (CPU s / wall s), the CPU
     seconds an iteration costs in all, link wait, MB per iteration, staleness. EXTRA arguments (after --) go to every run, e.g. -- --threads 1.
     Before and after the rows, the parts of an iteration alone (`splitrl bench floor`, the paper's eager kernels;
-    the mean of the two): 'x floor' is each row over their floor; with --channels-last or --fused-adam in EXTRA the parts are measured with those
-    too, and 'CPU over parts' is over those.
+    the mean of the two): 'x floor' is each row over their floor; with --channels-last or --fused-adam in EXTRA
+    the parts are measured with those too, and 'CPU over parts' is over those.
     """
     from ..bench.pipeline_bench import MODES, pipeline_rows, pipeline_table, run_pipeline_bench
 
