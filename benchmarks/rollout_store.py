@@ -38,12 +38,13 @@ def main() -> None:
     acted = {"actions": torch.zeros(1, spec.action_dim), "logprobs": torch.zeros(1), "values": torch.zeros(1)}
     step, group, version = 5, 0, 3
 
-    def indexed() -> None:
-        steps, envs = rollouts.groups.rows_of([(step, group)])
+    def indexed() -> None:  # one part's rows as the index tensors they were made into before
+        envs = rollouts.groups.rows[group]
+        steps = torch.full((len(envs),), step)
         reward, terminated, truncated, final = (to_device(torch.cat([part]), rollouts.device) for part in outcome)
         rollouts.buffers[1].add_outcome_rows(steps, envs, rewards=reward, terminated=terminated, truncated=truncated,
                                              final_values=final)
-        steps, envs = rollouts.groups.rows_of([(step, group)])
+        steps = torch.full((len(envs),), step)
         rollouts.buffers[1].add_rows(steps, envs, **acted)
         rollouts.versions[1][steps, envs] = version
 

@@ -212,15 +212,14 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
                                   out_dir=out_dir, echo=lambda line: click.echo(line, err=True))
 
     fused, channels_last = _faster_parts(extra)  # (and EXTRA checked before any run)
+    faster = fused or channels_last
     from ..bench.floor_bench import bracketed, floor_table, measure_floor
 
-    def measured() -> tuple[dict, dict]:
+    def measured() -> tuple[dict, dict | None]:
         """The parts alone (the eager floor), and the rows' own where they compute them otherwise."""
         floor = run_cli(lambda: measure_floor(TrainSettings()))
-        if not (fused or channels_last):
-            return floor, floor
         own = TrainSettings(ppo=PPOSettings(fused_adam=fused))
-        return floor, run_cli(lambda: measure_floor(own, channels_last=channels_last))
+        return floor, run_cli(lambda: measure_floor(own, channels_last=channels_last)) if faster else None
 
     # The parts alone, in the same run as the rows they are the floor of: before and after them, so that a
     # machine whose speed moves during the runs moves the floor with it (the mean of the two).
@@ -230,9 +229,9 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
     if before is not None:
         after = measured()
         floor = bracketed(before[0], after[0])
-        parts = floor if before[1] is before[0] else bracketed(before[1], after[1])
+        parts = bracketed(before[1], after[1]) if faster else floor
         click.echo(floor_table(floor) + "\n")
-        if parts is not floor:  # the rows' own parts too: their CPU over the parts is over these
+        if faster:  # the rows' own parts too: their CPU over the parts is over these
             named = " ".join(name for name, on in (("--fused-adam", fused), ("--channels-last", channels_last)) if on)
             click.echo(f"The parts with {named}, as the rows compute them:\n\n" + floor_table(parts) + "\n")
     click.echo(pipeline_table(rows, floor, parts))

@@ -59,11 +59,8 @@ class Groups:
         return 0 if t == 0 else (t - 1) * self.num_envs + (g + 1) * self.size
 
     def rows_of(self, parts: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(step, env) index tensors of the rows of ``parts`` ((step, group) each), in that order."""
-        if len(parts) == 1:
-            t, g = parts[0]
-            rows = self.rows[g]
-            return torch.full((len(rows),), t), rows
+        """(step, env) index tensors of the rows of ``parts`` ((step, group) each), in that order (one group's step
+        alone is a slice of the rollout: `Rollouts.store` writes it as one)."""
         return (torch.tensor([t for t, _ in parts]).repeat_interleave(self.size),
                 torch.cat([self.rows[g] for _, g in parts]))
 
