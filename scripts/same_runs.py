@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Did two runs compute the same numbers? Bit for bit: every tensor of both stages' checkpoints, and every metric.
 
-    python scripts/same_runs.py RUN_A RUN_B [--iteration N] [--net all|totals|none]
+    python scripts/same_runs.py RUN_A RUN_B [--iteration N] [--net all|totals|none] [--records]
 
 Compares both stages' checkpoints of iteration N (default: the newest both runs hold), every tensor in them
 (weights, optimizer moments, codec state, the action sampler's generator; not the link's byte meter), and every
 line of metrics.jsonl but times, CPU seconds, steps/s and the measured round trip. ``--net totals``: the link's
 counts only as the last line's totals (an asynchronous rollout's messages fall in one iteration's line or the
 next by the threads' timing); ``--net none``: not at all (the epoch-paced schedule's headers differ by a byte with
-the timing, as tests/schedule/test_schedules.py knows). Prints one line and exits 1 on any difference: a split run
-against its twin (scripts/device_check.sh), a run against one of an older revision.
+the timing, as tests/schedule/test_schedules.py knows). ``--records``: no checkpoints, but every training episode
+(episodes.jsonl) too: a run trained again against the records committed of it (docs/results/, which keeps no
+checkpoints). Prints one line and exits 1 on any difference: a split run against its twin
+(scripts/device_check.sh), a run against one of an older revision.
 """
 
 from __future__ import annotations
@@ -52,10 +54,22 @@ def _metrics(run_dir: Path, net: str = "all") -> list[dict[str, Any]]:
     return rows
 
 
-def differences(a: Path, b: Path, iteration: int | None = None, net: str = "all") -> tuple[list[str], int]:
-    """What differs between runs ``a`` and ``b`` (empty: nothing), and how many tensors were compared."""
+def _episodes(run_dir: Path) -> list[str]:
+    return (run_dir / "episodes.jsonl").read_text().splitlines()
+
+
+def differences(a: Path, b: Path, iteration: int | None = None, net: str = "all",
+                records: bool = False) -> tuple[list[str], int]:
+    """What differs between runs ``a`` and ``b`` (empty: nothing), and how many tensors (with ``records``:
+    training episodes) were compared."""
     out, compared = [], 0
-    for stage in ("stage0", "stage1"):
+    if records:
+        ea, eb = _episodes(a), _episodes(b)
+        compared = len(ea)
+        if ea != eb:
+            first = next((i for i, (x, y) in enumerate(zip(ea, eb)) if x != y), min(len(ea), len(eb)))
+            out.append(f"episodes: {len(ea)} against {len(eb)}, the first difference at line {first + 1}")
+    for stage in ("stage0", "stage1") if not records else ():
         both = sorted(set(checkpoint_iterations(a, stage)) & set(checkpoint_iterations(b, stage)))
         if not both or (iteration is not None and iteration not in both):
             out.append(f"{stage}: no checkpoint of {iteration or 'any iteration'} in both")
@@ -86,12 +100,15 @@ def main() -> int:
     parser.add_argument("--iteration", type=int)
     parser.add_argument("--net", choices=("all", "totals", "none"), default="all",
                         help="the link's counts: every line's, the last line's totals, or none")
+    parser.add_argument("--records", action="store_true",
+                        help="the records alone: metrics and training episodes, no checkpoints")
     args = parser.parse_args()
-    found, compared = differences(args.a, args.b, args.iteration, args.net)
+    found, compared = differences(args.a, args.b, args.iteration, args.net, args.records)
     if found:
         print(f"DIFFERENT ({len(found)}): {'; '.join(found[:8])}{' ...' if len(found) > 8 else ''}")
         return 1
-    print(f"identical: {compared} tensors of both stages' checkpoints and {len(_metrics(args.a))} iterations' metrics")
+    what = f"{compared} training episodes" if args.records else f"{compared} tensors of both stages' checkpoints"
+    print(f"identical: {what} and {len(_metrics(args.a))} iterations' metrics")
     return 0
 
 

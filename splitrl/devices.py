@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEVICE_NAMES", "check_device_name", "device_error", "resolve_device", "use_device", "transfer", "to_device",
            "to_host", "describe_device", "place", "ACTING_ROWS", "one_thread", "acting_threads",
-           "channels_last_input"]
+           "update_threads", "channels_last_input"]
 
 DEVICE_NAMES = ("cpu", "cuda", "cuda:N", "auto")
 """What ``--device`` takes."""
@@ -203,3 +203,12 @@ def acting_threads(device: "torch.device", rows: int) -> ContextManager[None]:
     nothing. torch's CPU kernels give these forwards the numbers they give on more threads (checked for the
     built-in networks: `tests/test_devices.py`), so a run's numbers do not depend on it."""
     return one_thread() if device.type == "cpu" and rows <= ACTING_ROWS else nullcontext()
+
+
+def update_threads(device: "torch.device") -> ContextManager[None]:
+    """For an optimizer's step on ``device`` (the gradient's clipping and Adam's update): `one_thread` on the CPU,
+    else nothing. The step streams the parameters, their gradients and Adam's moments through memory once or
+    twice each: a second thread hardly shortens it and costs up to half its CPU again
+    (`benchmarks/training_threads.py`). On one thread the clip's norms are summed in one order whatever
+    ``--threads`` is."""
+    return one_thread() if device.type == "cpu" else nullcontext()

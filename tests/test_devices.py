@@ -284,3 +284,27 @@ def test_the_encoder_acts_on_one_thread():
         assert seen == [1, 2] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)
+
+
+def test_each_stage_steps_its_optimizer_on_one_thread_and_then_the_threads_come_back():
+    """`update_threads`: the clip and Adam's update stream memory, which a second thread does not speed up."""
+    from splitrl.stages import Edge, Learner
+
+    settings = TrainSettings(env=EnvSettings(num_envs=2))
+    edge, learner = Edge(settings, SPEC, vector="sync"), Learner(settings, SPEC)
+    seen = []
+    for optimizer in (edge.optimizer, learner.update.optimizer):
+        optimizer.register_step_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for params in (edge.params, learner.update.params):
+            for p in params:
+                p.grad = torch.ones_like(p)
+        edge.optimizer_step()
+        learner.optimizer_step()
+        assert seen == [1, 1] and torch.get_num_threads() == 2
+        with devices.update_threads(CUDA):  # a GPU's step is not the CPU's threads' business
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

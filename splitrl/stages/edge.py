@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..codecs import CodecSet, Context
-from ..devices import acting_threads, place, to_device
+from ..devices import acting_threads, place, to_device, update_threads
 from ..envs import EnvSpec, batch
 from ..models import agent
 from ..ppo import adam, anneal, load_adam_state, minibatch_schedule
@@ -320,9 +320,10 @@ class Edge:
         self.joined_after = iteration
 
     def optimizer_step(self) -> None:
-        nn.utils.clip_grad_norm_(self.params, self.settings.ppo.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with update_threads(self.device):
+            nn.utils.clip_grad_norm_(self.params, self.settings.ppo.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
 
     def publish(self, versions: Iterable[int] | None = None) -> nn.Module:
         """The trained weights as the rollout's next acting copy (it takes them at an `adopt`), under each of

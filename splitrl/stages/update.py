@@ -31,6 +31,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..devices import update_threads
 from ..models import ActorCriticHeads
 from ..ppo import LOG_STD_MIN, LOSS_STATS, RolloutBuffer, adam, ppo_loss
 from ..settings import PPOSettings
@@ -119,15 +120,16 @@ class PPOUpdate:
         """The minibatch's optimizer step, with the gradients its loss left (summed over the learners)."""
         self._minibatch_done()
         self.learners().sum_gradients(self.params)
-        norm = float(nn.utils.clip_grad_norm_(self.params, self.ppo.max_grad_norm))
-        if not math.isfinite(norm):  # clipping would zero every gradient: a run that learns nothing, silently
-            raise FloatingPointError(f"the heads' gradient has an L2 norm of {norm} after a minibatch: the losses "
-                                     f"of its samples overflowed (the last: {self._last_losses()})")
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.floored is not None:  # a projected step: Adam's moments go on as they are
-            with torch.no_grad():
-                self.floored.clamp_(min=self.ppo.log_std_floor)
+        with update_threads(self.params[0].device):
+            norm = float(nn.utils.clip_grad_norm_(self.params, self.ppo.max_grad_norm))
+            if not math.isfinite(norm):  # clipping would zero every gradient: a run that learns nothing, silently
+                raise FloatingPointError(f"the heads' gradient has an L2 norm of {norm} after a minibatch: the "
+                                         f"losses of its samples overflowed (the last: {self._last_losses()})")
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.floored is not None:  # a projected step: Adam's moments go on as they are
+                with torch.no_grad():
+                    self.floored.clamp_(min=self.ppo.log_std_floor)
 
     def _last_losses(self) -> str:
         keys = ("losses/policy_loss", "losses/value_loss")
