@@ -16,15 +16,9 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import resource
 import time
 
 ROWS = 128
-
-
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _side(role: str, conn, minibatches: int, threads: int, out) -> None:
@@ -69,23 +63,25 @@ def _side(role: str, conn, minibatches: int, threads: int, out) -> None:
 
     for _ in range(4):  # warm-up: allocations, oneDNN's primitives
         step()
-    conn.send_bytes(b"ready") if role == "encoder" else conn.recv_bytes()
-    conn.recv_bytes() if role == "encoder" else conn.send_bytes(b"go")
-    cpu, wall = _cpu(), time.perf_counter()
+    if role == "encoder":  # both warm before either is timed
+        conn.send_bytes(b"ready")
+        conn.recv_bytes()
+    else:
+        conn.recv_bytes()
+        conn.send_bytes(b"go")
+    cpu, wall = time.process_time(), time.perf_counter()
     for _ in range(minibatches):
         step()
-    out.put((role, _cpu() - cpu, time.perf_counter() - wall))
+    out.put((role, time.process_time() - cpu, time.perf_counter() - wall))
 
 
 def measure(spins: int | None, threads: int, minibatches: int) -> dict[str, float]:
     """One setting: both sides' CPU seconds and the encoder side's wall seconds over ``minibatches``."""
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-    env.pop("GOMP_SPINCOUNT", None)
+    saved = {name: os.environ.get(name) for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # the spawned children read both when libgomp starts
+    os.environ.pop("GOMP_SPINCOUNT", None)
     if spins is not None:
-        env["GOMP_SPINCOUNT"] = str(spins)
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)  # the spawned children read it when libgomp starts
+        os.environ["GOMP_SPINCOUNT"] = str(spins)
     try:
         ctx = mp.get_context("spawn")
         a, b = ctx.Pipe()
@@ -101,8 +97,11 @@ def measure(spins: int | None, threads: int, minibatches: int) -> dict[str, floa
         for p in sides:
             p.join(timeout=60)
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return {"encoder cpu": got["encoder"][0], "heads cpu": got["heads"][0], "wall": got["encoder"][1]}
 
 

@@ -11,7 +11,6 @@ rows, alternating ``--rounds`` rounds.
 from __future__ import annotations
 
 import argparse
-import resource
 import time
 
 import torch
@@ -21,11 +20,6 @@ from splitrl.envs import inspect_env
 from splitrl.models import agent
 from splitrl.ppo import adam
 from splitrl.settings import TrainSettings
-
-
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -73,10 +67,10 @@ def main() -> None:
                 torch.set_num_threads(threads)
                 for _ in range(3):
                     call()
-                cpu, wall = _cpu(), time.perf_counter()
+                cpu, wall = time.process_time(), time.perf_counter()
                 for _ in range(args.count):
                     call()
-                row += [(time.perf_counter() - wall) / args.count * 1e3, (_cpu() - cpu) / args.count * 1e3]
+                row += [(time.perf_counter() - wall) / args.count * 1e3, (time.process_time() - cpu) / args.count * 1e3]
             print(f"| {name} | {row[0]:.2f} | {row[1]:.2f} | {row[2]:.2f} | {row[3]:.2f} | {row[3] - row[1]:+.2f} |",
                   flush=True)
 

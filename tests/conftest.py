@@ -35,6 +35,16 @@ TINY = [
 ]
 
 
+def script(name: str):
+    """``scripts/NAME.py`` as a module (the scripts are not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def splitrl_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "splitrl", *args]
 

@@ -3,7 +3,6 @@ its first iteration and resumed with ``--resume DIR --total-steps N`` alone, end
 never stopped; a training setting given again with another value is refused in one line naming it."""
 
 import dataclasses
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 
 from splitrl.settings import RUNTIME, RunOptions, SettingsError, TrainSettings, resumed
 
-from ..conftest import ROOT, train_in_process
+from ..conftest import script, train_in_process
 
 CUSTOM = ["--num-steps", "16", "--epochs", "2", "--minibatches", "2", "--max-episode-steps", "20", "--threads", "1",
           "--seed", "3", "--num-envs", "2", "--hidden", "32", "--codec-rollout", "bf16", "--gamma", "0.98",
@@ -22,13 +21,6 @@ ITERATION = 32  # --num-steps 16 x --num-envs 2
 TOTAL = 3 * ITERATION
 
 
-def _same_runs():
-    spec = importlib.util.spec_from_file_location("same_runs", ROOT / "scripts" / "same_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _totals(run_dir):
     """The link's totals at the end of the run, but the hellos (a resumed run says hello once more)."""
     last = json.loads((Path(run_dir) / "metrics.jsonl").read_text().splitlines()[-1])
@@ -36,7 +28,7 @@ def _totals(run_dir):
 
 
 def _assert_same(run, straight):
-    found, compared = _same_runs().differences(Path(run), Path(straight), net="none")
+    found, compared = script("same_runs").differences(Path(run), Path(straight), net="none")
     assert not found and compared > 0, found
     assert _totals(run) == _totals(straight)
 
