@@ -21,7 +21,11 @@ import time
 ROWS = 128
 
 
-def _side(role: str, conn, minibatches: int, threads: int, out) -> None:
+def _side(role: str, conn, minibatches: int, threads: int, spins: int | None, out) -> None:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # read when libgomp loads, with torch, just below
+    os.environ.pop("GOMP_SPINCOUNT", None)
+    if spins is not None:
+        os.environ["GOMP_SPINCOUNT"] = str(spins)
     import torch
     from torch import nn
 
@@ -77,31 +81,19 @@ def _side(role: str, conn, minibatches: int, threads: int, out) -> None:
 
 def measure(spins: int | None, threads: int, minibatches: int) -> dict[str, float]:
     """One setting: both sides' CPU seconds and the encoder side's wall seconds over ``minibatches``."""
-    saved = {name: os.environ.get(name) for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # the spawned children read both when libgomp starts
-    os.environ.pop("GOMP_SPINCOUNT", None)
-    if spins is not None:
-        os.environ["GOMP_SPINCOUNT"] = str(spins)
-    try:
-        ctx = mp.get_context("spawn")
-        a, b = ctx.Pipe()
-        results = ctx.Queue()
-        sides = [ctx.Process(target=_side, args=(role, conn, minibatches, threads, results))
-                 for role, conn in (("encoder", a), ("heads", b))]
-        for p in sides:
-            p.start()
-        got = {}
-        for _ in sides:
-            role, cpu, wall = results.get(timeout=600)
-            got[role] = (cpu, wall)
-        for p in sides:
-            p.join(timeout=60)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    ctx = mp.get_context("spawn")  # fresh interpreters: torch (and libgomp) load in `_side`
+    a, b = ctx.Pipe()
+    results = ctx.Queue()
+    sides = [ctx.Process(target=_side, args=(role, conn, minibatches, threads, spins, results))
+             for role, conn in (("encoder", a), ("heads", b))]
+    for p in sides:
+        p.start()
+    got = {}
+    for _ in sides:
+        role, cpu, wall = results.get(timeout=600)
+        got[role] = (cpu, wall)
+    for p in sides:
+        p.join(timeout=60)
     return {"encoder cpu": got["encoder"][0], "heads cpu": got["heads"][0], "wall": got["encoder"][1]}
 
 
