@@ -1,12 +1,15 @@
 """Each process's CPU seconds an iteration against the parts that are its own, from `splitrl bench pipeline
---json` files (the floor measured in the same bench run; with ``--channels-last`` rows, their own parts too).
+--json` files (the floor measured in the same bench run; rows that compute their parts otherwise, with
+``--channels-last`` or on two intra-op threads, have their own parts too).
 
     python benchmarks/tax_table.py docs/results/pipeline-floor-session35-sync.json ...
 
 One markdown row per bench row: seconds an iteration and its ratio to the bench's (eager) floor on the machine's
 cores; stage0's, stage1's and the env workers' CPU seconds with how far each is above its parts (stage0 owns the
-encoder's parts, and the envs' where they step in its process; stage1 the heads'; the workers the envs'); all
-processes together, and their ratio to all the parts.
+encoder's parts, and the envs' where they step in its process; stage1 the heads'; the workers the envs'; the
+twin's one process, all of them, in stage0's column); all
+processes together, and their ratio to all the parts: their own, and the floor's (the paper's kernels on one
+thread).
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ import json
 import sys
 from pathlib import Path
 
+from splitrl.bench.pipeline_bench import TWIN, parse_row
 from splitrl.runs import measured_records, read_metrics
 
-HEADER = ("| run | s/iteration | x floor | stage0 | stage1 | env workers | CPU s | x parts |\n"
-          "|---|---:|---:|---:|---:|---:|---:|---:|")
+HEADER = ("| run | s/iteration | x floor | stage0 | stage1 | env workers | CPU s | x parts | x the floor's parts |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def rows(path: str | Path) -> list[str]:
@@ -31,12 +35,15 @@ def rows(path: str | Path) -> list[str]:
         workers = cpu["envs"] > 0
         own = {"stage0": p["encoder acting"] + p["encoder training"] + (0.0 if workers else p["envs"]),
                "stage1": p["heads acting"] + p["heads training"], "envs": p["envs"] if workers else 0.0}
+        if parse_row(row["mode"])[0] == TWIN:  # one process, its CPU recorded as both stages': stage0's column
+            cpu["stage1"], own["stage0"], own["stage1"] = 0.0, own["stage0"] + own["stage1"], 0.0
         cells = [f"{cpu[k]:.1f} ({cpu[k] - own[k]:+.1f} over {own[k]:.1f})" if own[k] or cpu[k] else ""
                  for k in ("stage0", "stage1", "envs")]
         total = sum(cpu.values())
         name = f"{row['mode']} ({Path(path).stem})"
         out.append(f"| {name} | {row['seconds_per_iteration']:.1f} | {row['seconds_per_iteration'] / floor['floor']:.2f}x "
-                   f"| {' | '.join(cells)} | {total:.1f} | {total / parts['total']:.2f}x (of {parts['total']:.1f}) |")
+                   f"| {' | '.join(cells)} | {total:.1f} | {total / parts['total']:.2f}x (of {parts['total']:.1f}) "
+                   f"| {total / floor['total']:.2f}x (of {floor['total']:.1f}) |")
     return out
 
 

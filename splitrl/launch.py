@@ -291,15 +291,16 @@ def launch_split(stage_args: Sequence[str], run_dir: str, *, endpoint: str | Non
     return next((c for c in codes if c), 0)
 
 
-def run_local(args: Sequence[str], run_dir: str | os.PathLike, timeout: float) -> None:
-    """``splitrl run --run-dir RUN_DIR ARGS`` to the end, in a process group of its own (stopped as a whole on
-    any way out, Ctrl-C first), its output in ``RUN_DIR.log`` beside the run; RuntimeError if it fails."""
+def run_local(args: Sequence[str], run_dir: str | os.PathLike, timeout: float, command: str = "run") -> None:
+    """``splitrl run --run-dir RUN_DIR ARGS`` to the end (or another ``command`` taking a run directory: ``train``,
+    the twin), in a process group of its own (stopped as a whole on any way out, Ctrl-C first), its output in
+    ``RUN_DIR.log`` beside the run; RuntimeError if it fails."""
     from pathlib import Path
 
     run_dir = Path(run_dir)
     log_path = run_dir.parent / f"{run_dir.name}.log"
     with open(log_path, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "splitrl", "run", "--run-dir", str(run_dir), *args],
+        proc = subprocess.Popen([sys.executable, "-m", "splitrl", command, "--run-dir", str(run_dir), *args],
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         supervise([proc], grace=15.0, timeout=timeout, first_signal=signal.SIGINT, group=True)
     if proc.returncode != 0:

@@ -1,9 +1,9 @@
 """`splitrl bench floor`: what one iteration's work costs with nothing around it.
 
-The parts of one PPO iteration of a run's settings, each timed alone in this process on one thread, in CPU
-seconds (`time.process_time`), with the run's own environment pipeline (`splitrl.envs.make_vector_env`, the
-wrappers the edge steps) and its own network (`splitrl.models.agent`, both halves), and no link, codec, storage
-or schedule around them:
+The parts of one PPO iteration of a run's settings, each timed alone in this process on one thread (or as a run
+on more intra-op threads computes them: ``threads``), in CPU seconds (`time.process_time`), with the run's own
+environment pipeline (`splitrl.envs.make_vector_env`, the wrappers the edge steps) and its own network
+(`splitrl.models.agent`, both halves), and no link, codec, storage or schedule around them:
 
 - ``envs``: the iteration's env steps (``num_steps`` steps of ``num_envs`` envs), actions drawn at random in
   the policy's range and mapped onto the env's as the edge maps them;
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..devices import one_thread, place
+from ..devices import acting_threads, place, update_threads
 from ..envs import inspect_env, make_vector_env
 from ..models import agent
 from ..ppo import adam, minibatch_schedule, ppo_loss
@@ -58,13 +58,24 @@ class _Clock:
             self.seconds[part] += time.process_time() - start
 
 
-def measure_floor(settings: TrainSettings, cores: int | None = None, channels_last: bool = False) -> dict[str, Any]:
+def measure_floor(settings: TrainSettings, cores: int | None = None, channels_last: bool = False,
+                  threads: int = 1) -> dict[str, Any]:
     """One iteration's parts for ``settings`` (`PARTS`, CPU seconds each), and the floors they imply on ``cores``
     cores (default: this machine's) and on an edge and a server of one core each; with ``channels_last``, the
-    networks' convolutions as ``--channels-last`` runs them."""
-    with one_thread():
+    networks' convolutions as ``--channels-last`` runs them. ``threads``: torch's intra-op threads, one by default
+    (the floor: the least CPU the parts take); with more, the parts as a run with ``--threads`` that many computes
+    them (the forwards and backwards on all of them, the acting forwards and the optimizers' steps as the run
+    threads them: `acting_threads`, `update_threads`), whose CPU above the floor's is the threads' own cost."""
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
         seconds = _measure(settings, channels_last)
-    return _implied(seconds, cores or os.cpu_count() or 1, settings.steps_per_iteration, channels_last)
+    finally:
+        torch.set_num_threads(previous)
+    floor = _implied(seconds, cores or os.cpu_count() or 1, settings.steps_per_iteration, channels_last)
+    return dict(floor, threads=threads)
 
 
 def bracketed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -72,8 +83,7 @@ def bracketed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     mean and the floors they imply, with ``bracket``, the two totals (how far the machine moved meanwhile)."""
     seconds = {part: (before["parts"][part] + after["parts"][part]) / 2 for part in PARTS}
     floor = _implied(seconds, before["cores"], before["steps"], before["channels_last"])
-    floor["bracket"] = [before["total"], after["total"]]
-    return floor
+    return dict(floor, threads=before.get("threads", 1), bracket=[before["total"], after["total"]])
 
 
 def _implied(seconds: dict[str, float], cores: int, steps: int, channels_last: bool) -> dict[str, Any]:
@@ -88,7 +98,8 @@ def _measure(settings: TrainSettings, channels_last: bool) -> dict[str, float]:
     spec = inspect_env(settings.env)
     settings = settings.for_observation(spec.observation)  # the model and image pipeline the run would resolve
     ppo, n, clock = settings.ppo, settings.env.num_envs, _Clock()
-    encoder, heads = (place(net, torch.device("cpu"), channels_last) for net in agent(settings, spec))
+    cpu = torch.device("cpu")
+    encoder, heads = (place(net, cpu, channels_last) for net in agent(settings, spec))
     encoder_params, heads_params = list(encoder.parameters()), list(heads.parameters())
     optimizers = [adam(p, lr=lr, fused=ppo.fused_adam) for p, lr in ((encoder_params, ppo.lr_encoder),
                                                                      (heads_params, ppo.lr_heads)) if p]
@@ -104,7 +115,7 @@ def _measure(settings: TrainSettings, channels_last: bool) -> dict[str, float]:
         for _ in range(ppo.num_steps):
             x = torch.as_tensor(spec.rows(obs, stacked))
             observations.append(x)
-            with torch.no_grad():
+            with torch.no_grad(), acting_threads(cpu, n):
                 with clock("encoder acting"):
                     features = encoder(x)
                 with clock("heads acting"):
@@ -131,14 +142,16 @@ def _measure(settings: TrainSettings, channels_last: bool) -> dict[str, float]:
                                    returns[idx], entropy, clip_coef=ppo.clip_coef, vf_coef=ppo.vf_coef,
                                    ent_coef=ppo.ent_coef, clip_vloss=ppo.clip_vloss, norm_adv=ppo.norm_adv)
                 loss.backward()
-                nn.utils.clip_grad_norm_(heads_params, ppo.max_grad_norm)
-                optimizers[-1].step()
+                with update_threads(cpu):
+                    nn.utils.clip_grad_norm_(heads_params, ppo.max_grad_norm)
+                    optimizers[-1].step()
                 optimizers[-1].zero_grad(set_to_none=True)
             if out.requires_grad:
                 with clock("encoder training"):
                     out.backward(cut.grad)
-                    nn.utils.clip_grad_norm_(encoder_params, ppo.max_grad_norm)
-                    optimizers[0].step()
+                    with update_threads(cpu):
+                        nn.utils.clip_grad_norm_(encoder_params, ppo.max_grad_norm)
+                        optimizers[0].step()
                     optimizers[0].zero_grad(set_to_none=True)
     return clock.seconds
 
@@ -156,6 +169,8 @@ def floor_table(floor: dict[str, Any], rows: Sequence[tuple[str, float]] = ()) -
         f"{floor['floor']:.2f} s |",
         f"| floor on an edge and a server of one core each (the larger side) | | {floor['two_machines']:.2f} s |",
     ]
+    if floor.get("threads", 1) > 1:
+        lines.append(f"| intra-op threads (the parts as a run on as many computes them) | | {floor['threads']} |")
     if "bracket" in floor:
         lines.append("| all parts, timed before and after the runs (their mean above) | | "
                      + " and ".join(f"{total:.2f}" for total in floor["bracket"]) + " |")

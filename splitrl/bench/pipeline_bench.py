@@ -2,7 +2,9 @@
 
 Every mode is a fresh split run (stage1 and stage0 as processes, the paper's
 4096 steps per iteration, 10 epochs of 32 minibatches of 128), each adding one
-mechanism to the row before (`MODES`). At 0 ms they run over loopback
+mechanism to the row before (`MODES`), and a row may carry training arguments
+of its own (`parse_row`); ``twin`` is the synchronous schedule in one process
+(`splitrl train`). At 0 ms they run over loopback
 (`splitrl run`); at a given round trip they run in the lab (`splitrl.lab`:
 two network namespaces, a shaped veth pair, the delay from netem or, where the
 kernel has none, the TCP delay relay), at ``rate``. The figures come from each
@@ -20,7 +22,8 @@ staleness.
 from __future__ import annotations
 
 import logging
-
+import re
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -30,7 +33,7 @@ from ..netem.tc import Shaping
 from ..runs import measured_records, read_metrics
 from ..summary import summarise_run
 
-__all__ = ["MODES", "run_pipeline_bench", "pipeline_rows", "pipeline_table"]
+__all__ = ["MODES", "parse_row", "run_pipeline_bench", "pipeline_rows", "pipeline_table"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +43,11 @@ round trip (K >= 1 + RTT / env step, about 12 ms a CarRacing step here)."""
 OVERLAP = ["--threads", "1"]
 """Once both stages compute at the same time, one intra-op thread each: with torch's default (two on this
 2-core machine) the two processes' threads fight for the cores (measured: micro-batches slower, not faster)."""
+TWIN = "twin"
+"""The synchronous schedule in one process (`splitrl train`): no link, no second process; the split's own cost is
+the synchronous row's CPU above this one's. At 0 ms only."""
 MODES: dict[str, list[str]] = {
+    TWIN: [],
     "sync": [],
     "+ async envs": ["--vector", "async"],
     "+ 4 envs": ["--vector", "async", *QUAD],
@@ -50,7 +57,30 @@ MODES: dict[str, list[str]] = {
     "+ micro-batches at once": ["--vector", "async", *QUAD, "--rollout-groups", "4", "--microbatches", "2", *OVERLAP],
     "+ async": ["--vector", "async", *QUAD, "--rollout-groups", "4", "--microbatches", "2", *OVERLAP, "--async"],
 }
-"""Each row adds one mechanism to the one before; 'sync' is the synchronous schedule (1 env x 4096 steps)."""
+"""Each row after 'sync' adds one mechanism to the one before; 'sync' is the synchronous schedule (1 env x 4096
+steps), 'twin' the same in one process."""
+
+
+def parse_row(entry: str) -> tuple[str, list[str]]:
+    """A row as ``--modes`` names it: one of `MODES`, then the row's own training arguments if any, which come after
+    the mode's (``"sync --threads 1"``, ``"+ async --rollout-groups 2 --channels-last"``): (mode, its arguments)."""
+    mode, dashes, rest = entry.strip().partition(" --")
+    mode = mode.strip()
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r} in {entry.strip()!r}; choose from {', '.join(MODES)}")
+    return mode, shlex.split(dashes.strip() + rest) if dashes else []
+
+
+def row_label(entry: str) -> str:
+    """A row's name in the tables and the JSON: its mode and its own arguments, spaced as `parse_row` reads them."""
+    mode, args = parse_row(entry)
+    return " ".join([mode, *args])
+
+
+def row_arguments(entry: str) -> list[str]:
+    """The training arguments of a row (`parse_row`): its mode's, then its own."""
+    mode, args = parse_row(entry)
+    return [*MODES[mode], *args]
 
 
 def _summary(mode: str, rtt_ms: float, run_dir: Path) -> dict[str, Any]:
@@ -62,6 +92,8 @@ def _summary(mode: str, rtt_ms: float, run_dir: Path) -> dict[str, Any]:
 
     # The envs' worker processes (0 where the envs step in stage0; runs from before `cpu/envs` have no figure).
     workers = all("cpu/envs" in r for r in used)
+    # The twin's one process records its CPU as both stages' (`docs/reference/metrics.md`): counted once.
+    stage1 = None if parse_row(mode)[0] == TWIN else "cpu/stage1"
 
     return {
         "mode": mode,
@@ -69,9 +101,10 @@ def _summary(mode: str, rtt_ms: float, run_dir: Path) -> dict[str, Any]:
         "seconds_per_iteration": summary["seconds_per_iteration"],
         "steps_per_second": summary["steps_per_second"],
         "busy_stage0": mean(lambda r: r["cpu/stage0"] / r["time/iteration"]),
-        "busy_stage1": mean(lambda r: r["cpu/stage1"] / r["time/iteration"]),
+        "busy_stage1": mean(lambda r: r[stage1] / r["time/iteration"]) if stage1 else None,
         "busy_envs": mean(lambda r: r["cpu/envs"] / r["time/iteration"]) if workers else None,
-        "cpu_per_iteration": mean(lambda r: r["cpu/stage0"] + r["cpu/stage1"] + r["cpu/envs"]) if workers else None,
+        "cpu_per_iteration": mean(lambda r: r["cpu/stage0"] + (r[stage1] if stage1 else 0.0) + r["cpu/envs"])
+        if workers else None,
         "link_wait": summary["link_wait_per_iteration"],
         "bytes_per_iteration": summary["bytes_per_iteration"],
         "staleness_mean": mean(lambda r: r.get("async/staleness_mean", 0.0)),
@@ -92,19 +125,20 @@ def _run_in_lab(args: Sequence[str], run_dir: Path, rtt_ms: float, rate: str, ec
                            f"stage0 exit {result.codes['stage0']}); logs beside {run_dir}")
 
 
-def _name(rtt: float, mode: str) -> str:
-    return f"{rtt:g}ms-{mode.lstrip('+ ').replace(' ', '-')}"
+def _name(rtt: float, label: str) -> str:
+    return f"{rtt:g}ms-" + re.sub(r"[^\w.+]+", "-", label.lstrip("+ ")).strip("-")
 
 
 def pipeline_rows(out_dir: str | Path, modes: Sequence[str] = tuple(MODES),
                   rtts_ms: Sequence[float] = (0.0, 20.0)) -> list[dict[str, Any]]:
-    """The rows of the runs already in ``out_dir`` (those with metrics), in the order of the bench."""
+    """The rows of the runs already in ``out_dir`` (those with metrics), in the order of the bench; ``modes`` as
+    ``--modes`` names rows (`parse_row`)."""
     rows = []
     for rtt in rtts_ms:
-        for mode in modes:
-            run_dir = Path(out_dir) / _name(rtt, mode)
+        for label in dict.fromkeys(row_label(entry) for entry in modes):
+            run_dir = Path(out_dir) / _name(rtt, label)
             if (run_dir / "metrics.jsonl").is_file():
-                rows.append(_summary(mode, rtt, run_dir))
+                rows.append(_summary(label, rtt, run_dir))
     return rows
 
 
@@ -112,27 +146,30 @@ def run_pipeline_bench(modes: Sequence[str] = tuple(MODES), rtts_ms: Sequence[fl
                        iterations: int = 3, rate: str = "100mbit", extra_args: Sequence[str] = (),
                        out_dir: str | None = None, timeout: float = 7200.0,
                        echo: Callable[[str], Any] | None = None) -> list[dict[str, Any]]:
-    """One row per (round trip, mode), modes in order; 0 ms over loopback, others in the lab."""
+    """One row per (round trip, mode), modes in order (each a mode of `MODES` and its own arguments if any:
+    `parse_row`); 0 ms over loopback, others in the lab."""
     echo = echo or log.info
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        raise ValueError(f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
+    labels = list(dict.fromkeys(row_label(entry) for entry in modes))  # (and every row checked before any runs)
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     base = Path(out_dir or tempfile.mkdtemp(prefix="splitrl-pipeline-"))
     base.mkdir(parents=True, exist_ok=True)
     rows = []
     for rtt in rtts_ms:
-        for mode in modes:
+        for mode in labels:
+            twin = parse_row(mode)[0] == TWIN
+            if twin and rtt:
+                continue  # no link to delay
             name = _name(rtt, mode)
             run_dir = base / name
-            args = ["--total-steps", str(4096 * iterations), "--checkpoint-every", "0", *MODES[mode], *extra_args]
+            args = ["--total-steps", str(4096 * iterations), "--checkpoint-every", "0", *row_arguments(mode),
+                    *extra_args]
             echo(f"{name}: {' '.join(args)}")
             with progress(run_dir, iterations, name):
                 if rtt:
                     _run_in_lab(args, run_dir, rtt, rate, echo)
                 else:
-                    run_local(args, run_dir, timeout)
+                    run_local(args, run_dir, timeout, "train" if twin else "run")
             rows.append(_summary(mode, rtt, run_dir))
             echo(f"  {rows[-1]['seconds_per_iteration']:.1f} s/iteration")
     return rows
@@ -143,15 +180,16 @@ def pipeline_table(rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None 
     """Markdown, one line per run; 'x sync' is steps/s over the synchronous run's at the same round trip; 'CPU s'
     the stages' and env workers' CPU seconds an iteration (blank for runs from before that was recorded). With a
     ``floor`` (`splitrl.bench.floor_bench.measure_floor`, measured in the same run): 'x floor', each row's
-    seconds over the floor on the machine's cores, and 'CPU over parts', its CPU seconds beyond the parts' (those
-    of ``parts`` where the rows compute their parts otherwise, as with ``--channels-last``; default ``floor``'s)."""
+    seconds over the floor on the machine's cores, and 'CPU over parts' and 'x parts', its CPU seconds beyond and
+    over the parts' as the row computes them: a row's own ``parts`` where it has them (its options and threads),
+    else ``parts``, else ``floor``'s."""
     sync = {r["rtt_ms"]: r["steps_per_second"] for r in rows if r["mode"] == "sync"}
     zero = {r["mode"]: r["seconds_per_iteration"] for r in rows if r["rtt_ms"] == 0}
     lines = [
         "| round trip | mode | s/iteration | steps/s | x sync | vs its 0 ms | busy stage0 | busy stage1 | busy envs "
         "| CPU s | link wait s | MB/iteration | staleness mean / max | measured RTT ms |"
-        + (" x floor | CPU over parts |" if floor else ""),
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|" + ("---:|---:|" if floor else ""),
+        + (" x floor | CPU over parts | x parts |" if floor else ""),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|" + ("---:|---:|---:|" if floor else ""),
     ]
     for r in rows:
         ref = sync.get(r["rtt_ms"])
@@ -160,16 +198,19 @@ def pipeline_table(rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None 
         versus = f"{r['seconds_per_iteration'] / same:.2f}x" if same and r["rtt_ms"] else ""
         rtt = "" if r["measured_rtt_ms"] is None else f"{r['measured_rtt_ms']:.2f}"
         envs = "" if r.get("busy_envs") is None else f"{r['busy_envs']:.2f}"
+        stage1 = "" if r["busy_stage1"] is None else f"{r['busy_stage1']:.2f}"
         cpu = "" if r.get("cpu_per_iteration") is None else f"{r['cpu_per_iteration']:.1f}"
         lines.append(
             f"| {r['rtt_ms']:g} ms | {r['mode']} | {r['seconds_per_iteration']:.1f} | {r['steps_per_second']:.1f} "
-            f"| {ratio} | {versus} | {r['busy_stage0']:.2f} | {r['busy_stage1']:.2f} | {envs} | {cpu} | {r['link_wait']:.1f} "
+            f"| {ratio} | {versus} | {r['busy_stage0']:.2f} | {stage1} | {envs} | {cpu} | {r['link_wait']:.1f} "
             f"| {r['bytes_per_iteration'] / 1e6:.0f} | {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} | {rtt} |"
-            + (_against_floor(r, floor, parts or floor) if floor else "")
+            + (_against_floor(r, floor, r.get("parts") or parts or floor) if floor else "")
         )
     return "\n".join(lines)
 
 
 def _against_floor(row: dict[str, Any], floor: dict[str, Any], parts: dict[str, Any]) -> str:
-    over = "" if row.get("cpu_per_iteration") is None else f"{row['cpu_per_iteration'] - parts['total']:+.1f}"
-    return f" {row['seconds_per_iteration'] / floor['floor']:.2f}x | {over} |"
+    cpu = row.get("cpu_per_iteration")
+    over = "" if cpu is None else f"{cpu - parts['total']:+.1f}"
+    times = "" if cpu is None else f"{cpu / parts['total']:.2f}x"
+    return f" {row['seconds_per_iteration'] / floor['floor']:.2f}x | {over} | {times} |"

@@ -177,7 +177,8 @@ def bench_e2e(iterations: int, repeats: int, out_dir: str | None, json_path: str
 @bench.command("pipeline")
 @click.option("--modes", default=",".join(["sync", "+ async envs", "+ 4 envs", "+ pipelined rollout", "+ micro-batches",
                                            "+ micro-batches at once", "+ async"]),
-              show_default=True, help="comma-separated rows; each adds one mechanism to the one before")
+              show_default=True, help="comma-separated rows; each adds one mechanism to the one before, and may "
+                                      "carry training arguments of its own after its name ('sync --threads 1')")
 @click.option("--rtt", "rtts", default="0,20", show_default=True,
               help="comma-separated round trips in ms; above 0 the runs go through the lab (needs root)")
 @click.option("--rate", default="100mbit", show_default=True, help="the lab's link rate (tc units)")
@@ -186,7 +187,7 @@ def bench_e2e(iterations: int, repeats: int, out_dir: str | None, json_path: str
                    "figures: start-up, and the asynchronous mode's rollout or training alone)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="keep the run directories here")
 @click.option("--table-only", is_flag=True, help="only print the table of the runs already in --out (all modes and "
-                                                  "round trips found there)")
+                                                  "round trips found there, and the rows --modes names)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: str | None, table_only: bool,
@@ -194,61 +195,77 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
     """The paper configuration under each schedule, side by side, at each round trip.
 
     Columns: s/iteration, steps/s, each stage's and the env workers' busy fraction (CPU s / wall s), the CPU
-    seconds an iteration costs in all, link wait, MB per iteration, staleness. EXTRA arguments (after --) go to every run, e.g. -- --threads 1.
-    Before and after the rows, the parts of an iteration alone (`splitrl bench floor`, the paper's eager kernels;
-    the mean of the two): 'x floor' is each row over their floor; with --channels-last or --fused-adam in EXTRA
-    the parts are measured with those too, and 'CPU over parts' is over those.
+    seconds an iteration costs in all, link wait, MB per iteration, staleness. EXTRA arguments (after --) go to
+    every run, e.g. -- --threads 1; a row's own arguments (in --modes) to that row.
+    Before and after the rows, the parts of an iteration alone (`splitrl bench floor`, the paper's eager kernels
+    on one thread; the mean of the two): 'x floor' is each row over their floor. Rows that compute their parts
+    otherwise (--channels-last, --fused-adam, more than one intra-op thread) have those parts measured too, as
+    they compute them, and their 'CPU over parts' and 'x parts' are over those.
     """
-    from ..bench.pipeline_bench import MODES, pipeline_rows, pipeline_table, run_pipeline_bench
+    from ..bench.pipeline_bench import MODES, pipeline_rows, pipeline_table, row_arguments, row_label, \
+        run_pipeline_bench
+
+    entries = [m.strip() for m in modes.split(",") if m.strip()]
+    labels = run_cli(lambda: [row_label(entry) for entry in entries])  # every row checked before any runs
 
     def go() -> list:
         rtt_list = [float(x) for x in rtts.split(",") if x.strip()]
-        mode_list = [m.strip() for m in modes.split(",") if m.strip()]
         if table_only:
             if not out_dir:
                 raise SettingsError("--table-only reads the runs in --out: give --out")
-            return pipeline_rows(out_dir, list(MODES), sorted({0.0, 20.0, *rtt_list}))
-        return run_pipeline_bench(mode_list, rtt_list, iterations=iterations, rate=rate, extra_args=extra,
+            return pipeline_rows(out_dir, [*MODES, *labels], sorted({0.0, 20.0, *rtt_list}))
+        return run_pipeline_bench(labels, rtt_list, iterations=iterations, rate=rate, extra_args=extra,
                                   out_dir=out_dir, echo=lambda line: click.echo(line, err=True))
 
-    fused, channels_last = _faster_parts(extra)  # (and EXTRA checked before any run)
-    faster = fused or channels_last
     from ..bench.floor_bench import bracketed, floor_table, measure_floor
 
-    def measured() -> tuple[dict, dict | None]:
-        """The parts alone (the eager floor), and the rows' own where they compute them otherwise."""
-        floor = run_cli(lambda: measure_floor(TrainSettings()))
-        own = TrainSettings(ppo=PPOSettings(fused_adam=fused))
-        return floor, run_cli(lambda: measure_floor(own, channels_last=channels_last)) if faster else None
+    eager = (False, False, 1)  # the floor: the paper's kernels on one thread
+    keys = {label: _parts_key((*row_arguments(label), *extra)) for label in labels}  # (and EXTRA checked)
+    wanted = list(dict.fromkeys([eager, *keys.values()]))
+
+    def measured() -> dict[tuple, dict]:
+        """The parts alone: the floor's, and each of the rows' own where they compute them otherwise."""
+        return {key: run_cli(lambda key=key: measure_floor(TrainSettings(ppo=PPOSettings(fused_adam=key[0])),
+                                                           channels_last=key[1], threads=key[2]))
+                for key in wanted}
 
     # The parts alone, in the same run as the rows they are the floor of: before and after them, so that a
     # machine whose speed moves during the runs moves the floor with it (the mean of the two).
     before = None if table_only else measured()
     rows = run_cli(go)
-    floor = parts = None
+    floor = None
     if before is not None:
         after = measured()
-        floor = bracketed(before[0], after[0])
-        parts = bracketed(before[1], after[1]) if faster else floor
+        parts = {key: bracketed(before[key], after[key]) for key in wanted}
+        floor = parts[eager]
         click.echo(floor_table(floor) + "\n")
-        if faster:  # the rows' own parts too: their CPU over the parts is over these
-            named = " ".join(name for name, on in (("--fused-adam", fused), ("--channels-last", channels_last)) if on)
-            click.echo(f"The parts with {named}, as the rows compute them:\n\n" + floor_table(parts) + "\n")
-    click.echo(pipeline_table(rows, floor, parts))
-    _write_json(json_path, [dict(row, floor=floor, **({"parts": parts} if parts is not floor else {}))
-                            for row in rows] if floor else rows)
+        for key in wanted[1:]:  # the rows' own parts too: their CPU over the parts is over these
+            click.echo(f"The parts {_parts_name(key)}, as the rows with them compute them:\n\n"
+                       + floor_table(parts[key]) + "\n")
+        rows = [dict(row, floor=floor, **({"parts": parts[keys[row["mode"]]]} if keys.get(row["mode"], eager)
+                                          != eager else {})) for row in rows]
+    click.echo(pipeline_table(rows, floor))
+    _write_json(json_path, rows)
 
 
-def _faster_parts(args: tuple[str, ...]) -> tuple[bool, bool]:
-    """Whether the training arguments ``args`` run the parts with faster kernels than the paper's eager ones:
-    (``--fused-adam``, ``--channels-last``)."""
+def _parts_key(args: tuple[str, ...]) -> tuple[bool, bool, int]:
+    """How the training arguments ``args`` compute the parts of an iteration: (``--fused-adam``,
+    ``--channels-last``, torch's intra-op threads a stage: ``--threads``, or torch's default)."""
+    import torch
 
     @click.command()
     @training_options
-    def parse(settings: TrainSettings, options: RunOptions) -> tuple[bool, bool]:
-        return settings.ppo.fused_adam, options.channels_last
+    def parse(settings: TrainSettings, options: RunOptions) -> tuple[bool, bool, int]:
+        return settings.ppo.fused_adam, options.channels_last, options.threads or torch.get_num_threads()
 
     return parse.main(list(args), standalone_mode=False)
+
+
+def _parts_name(key: tuple[bool, bool, int]) -> str:
+    fused, channels_last, threads = key
+    named = [name for name, on in (("--fused-adam", fused), ("--channels-last", channels_last)) if on]
+    return " ".join(["with", *named, *(["and"] if named and threads > 1 else []),
+                     *([f"{threads} intra-op threads"] if threads > 1 else [])])
 
 
 @bench.command("vector")
@@ -503,12 +520,13 @@ def bench_floor(settings: TrainSettings, options: RunOptions, cores: int, json_p
     """One iteration's parts, each alone on one thread (the run's env pipeline and network, no link, codec or
     schedule): the envs' steps, the acting forwards, the training's forward, backward and steps on each side;
     and the floor they imply: their sum over the cores, and the larger side on an edge and a server of their
-    own. Takes the training options (the paper's by default)."""
+    own. Takes the training options (the paper's by default); with --threads N, the parts as a run on N intra-op
+    threads computes them (their CPU above one thread's is what the threads cost)."""
     from ..bench.floor_bench import floor_table, measure_floor
 
     def go() -> dict:
         settings.validate(options)
-        return measure_floor(settings, cores or None, options.channels_last)
+        return measure_floor(settings, cores or None, options.channels_last, options.threads or 1)
 
     floor = run_cli(go)
     click.echo(floor_table(floor))

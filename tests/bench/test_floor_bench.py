@@ -48,6 +48,33 @@ def test_with_channels_last_the_parts_are_timed_as_such_a_run_computes_them(tmp_
     assert json.loads((tmp_path / "floor.json").read_text())["channels_last"] is True
 
 
+def test_with_more_threads_the_parts_run_on_them_as_a_run_threads_them(tmp_path, monkeypatch):
+    import torch
+
+    from splitrl.bench import floor_bench
+
+    seen = {"forward": set(), "step": set()}
+    adam_step = torch.optim.Adam.step
+
+    def step(self, *args, **kwargs):
+        seen["step"].add(torch.get_num_threads())
+        return adam_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    ppo_loss = floor_bench.ppo_loss
+    monkeypatch.setattr(floor_bench, "ppo_loss", lambda *a, **k: seen["forward"].add(torch.get_num_threads())
+                        or ppo_loss(*a, **k))
+    threads = torch.get_num_threads()
+    splitrl_here("bench", "floor", "--num-steps", "8", "--epochs", "1", "--minibatches", "2", "--max-episode-steps",
+                 "20", "--threads", "3", "--json", str(tmp_path / "floor.json"))
+    assert seen == {"forward": {3}, "step": {1}}  # the training on three threads, its optimizers' steps on one
+    assert torch.get_num_threads() == threads  # and this process's threads as they were
+    floor = json.loads((tmp_path / "floor.json").read_text())
+    assert floor["threads"] == 3 and "| intra-op threads (the parts as a run on as many computes them) | | 3 |" in \
+        floor_table(floor)
+    assert measure_floor(_tiny(), cores=1)["threads"] == 1 and "intra-op" not in floor_table(measure_floor(_tiny()))
+
+
 def test_each_sides_training_clips_its_gradient_as_the_update_does(monkeypatch):
     import torch
 
@@ -75,14 +102,15 @@ def test_parts_timed_before_and_after_the_runs_give_their_mean_and_say_how_far_t
         "| all parts, timed before and after the runs (their mean above) | | 15.00 and 18.00 |"
 
 
-def test_the_pipeline_bench_times_the_parts_before_and_after_its_runs(monkeypatch):
+def test_the_pipeline_bench_times_the_parts_before_and_after_its_runs(monkeypatch, tmp_path):
     from splitrl.bench import floor_bench, pipeline_bench
 
     order = []
 
-    def measure(settings, cores=None, channels_last=False):
-        order.append(("parts", channels_last))
-        return floor_bench._implied({p: 10.0 * len(order) for p in PARTS}, 2, 4096, channels_last)
+    def measure(settings, cores=None, channels_last=False, threads=1):
+        order.append(("parts", channels_last, threads))
+        return dict(floor_bench._implied({p: 10.0 * len(order) for p in PARTS}, 2, 4096, channels_last),
+                    threads=threads)
 
     def runs(*args, **kwargs):
         order.append("runs")
@@ -90,13 +118,35 @@ def test_the_pipeline_bench_times_the_parts_before_and_after_its_runs(monkeypatc
 
     monkeypatch.setattr(floor_bench, "measure_floor", measure)
     monkeypatch.setattr(pipeline_bench, "run_pipeline_bench", runs)
-    out = splitrl_here("bench", "pipeline", "--modes", "sync", "--rtt", "0").output
-    assert order == [("parts", False), "runs", ("parts", False)]
+    out = splitrl_here("bench", "pipeline", "--modes", "sync", "--rtt", "0", "--", "--threads", "1").output
+    assert order == [("parts", False, 1), "runs", ("parts", False, 1)]
     assert "| all parts | | 100.00 |" in out and "50.00 and 150.00 |" in out  # the mean of 10 and 30 a part
     order.clear()
-    out = splitrl_here("bench", "pipeline", "--modes", "sync", "--rtt", "0", "--", "--channels-last").output
-    assert order == [("parts", False), ("parts", True), "runs", ("parts", False), ("parts", True)]
+    out = splitrl_here("bench", "pipeline", "--modes", "sync", "--rtt", "0", "--", "--channels-last",
+                       "--threads", "1").output
+    assert order == [("parts", False, 1), ("parts", True, 1), "runs", ("parts", False, 1), ("parts", True, 1)]
     assert "The parts with --channels-last" in out
+    # Rows with arguments of their own: each set of parts they compute, once, before and after
+    order.clear()
+    out = splitrl_here("bench", "pipeline", "--modes", "sync --threads 2,sync --threads 1,+ async --channels-last,"
+                       "+ micro-batches at once --channels-last", "--rtt", "0").output
+    assert order == [("parts", False, 1), ("parts", False, 2), ("parts", True, 1), "runs",
+                     ("parts", False, 1), ("parts", False, 2), ("parts", True, 1)]
+    assert "The parts with 2 intra-op threads" in out and "The parts with --channels-last," in out
+    # and each row is set against its own: the two-thread row's CPU over the two-thread parts (20 and 40: 30 a
+    # part, 150 in all), the one-thread row's over the floor's (10 and 30: 20 a part, 100)
+    order.clear()
+    row = {"rtt_ms": 0.0, "seconds_per_iteration": 100.0, "steps_per_second": 41.0, "busy_stage0": 1.0,
+           "busy_stage1": 1.0, "cpu_per_iteration": 200.0, "link_wait": 0.0, "bytes_per_iteration": 1e6,
+           "staleness_mean": 0.0, "staleness_max": 0.0, "measured_rtt_ms": None}
+    monkeypatch.setattr(pipeline_bench, "run_pipeline_bench",
+                        lambda *a, **k: [dict(row, mode="sync --threads 2"), dict(row, mode="sync --threads 1")])
+    out = splitrl_here("bench", "pipeline", "--modes", "sync --threads 2,sync --threads 1", "--rtt", "0",
+                       "--json", str(tmp_path / "rows.json")).output
+    lines = [line for line in out.splitlines() if line.startswith("| 0 ms | sync")]
+    assert lines[0].endswith("| +50.0 | 1.33x |") and lines[1].endswith("| +100.0 | 2.00x |")
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert rows[0]["parts"]["threads"] == 2 and "parts" not in rows[1] and rows[1]["floor"]["threads"] == 1
 
 
 def _tiny(**top):

@@ -1,6 +1,7 @@
 """`splitrl bench pipeline`: its rows come from the run directories, steady state only, side by side."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -46,23 +47,70 @@ def test_unknown_modes_are_refused_before_anything_runs(tmp_path):
     assert "sync" in MODES and "+ async" in MODES
     with pytest.raises(ValueError, match="unknown mode"):
         run_pipeline_bench(["sync", "turbo"], [0.0], out_dir=str(tmp_path))
+    assert not list(tmp_path.iterdir())
 
 
 def test_with_a_floor_each_row_says_how_far_it_is_from_it(tmp_path):
     fast = _summary("+ async", 0.0, _run(tmp_path / "async", [80.0, 50.0, 30.0], 1.0, 0.8, envs=0.4))
     floor = {"floor": 40.0, "total": 80.0}
     line = pipeline_table([fast], floor).splitlines()[2]
-    assert line.endswith(" 1.25x | +30.0 |")  # 50 s over 40 s; 110 CPU s an iteration, 80 in the parts
-    assert pipeline_table([fast]).splitlines()[0].count("|") + 2 == pipeline_table([fast], floor).splitlines()[0].count("|")
+    assert line.endswith(" 1.25x | +30.0 | 1.38x |")  # 50 s over 40 s; 110 CPU s an iteration, 80 in the parts
+    assert pipeline_table([fast]).splitlines()[0].count("|") + 3 == pipeline_table([fast], floor).splitlines()[0].count("|")
     # Rows run with --channels-last are over the floor of the default's parts and over their own parts' CPU
-    assert pipeline_table([fast], floor, {"floor": 35.0, "total": 70.0}).splitlines()[2].endswith(" 1.25x | +40.0 |")
+    own = {"floor": 35.0, "total": 100.0}
+    assert pipeline_table([fast], floor, own).splitlines()[2].endswith(" 1.25x | +10.0 | 1.10x |")
+    # and a row's own parts, where it has them, over those given for all
+    assert pipeline_table([dict(fast, parts={"total": 55.0})], floor, own).splitlines()[2].endswith(" | +55.0 | 2.00x |")
 
 
-def test_the_faster_parts_options_are_read_from_the_extra_arguments_before_any_run():
-    from splitrl.cli.bench import _faster_parts
+def test_a_row_may_carry_its_own_arguments_after_its_mode():
+    from splitrl.bench.pipeline_bench import _name, parse_row, row_arguments, row_label
 
-    assert _faster_parts(("--rollout-groups", "2", "--channels-last")) == (False, True)
-    assert _faster_parts(("--fused-adam", "--threads", "1")) == (True, False)
-    assert _faster_parts(()) == (False, False)
+    assert parse_row("sync") == ("sync", [])
+    assert parse_row(" sync --threads 1 ") == ("sync", ["--threads", "1"])
+    assert parse_row("+ async --rollout-groups 2 --channels-last") == ("+ async", ["--rollout-groups", "2",
+                                                                                  "--channels-last"])
+    assert row_label("sync  --threads  1") == "sync --threads 1"
+    assert row_arguments("+ 4 envs --threads 1") == [*MODES["+ 4 envs"], "--threads", "1"]
+    # The run directories of plain modes keep their names (--table-only reads older benches' runs)
+    assert _name(0.0, "+ micro-batches at once") == "0ms-micro-batches-at-once"
+    assert _name(20.0, "sync --threads 1") == "20ms-sync-threads-1"
+    with pytest.raises(ValueError, match="unknown mode 'turbo'"):
+        parse_row("turbo --threads 1")
+
+
+def test_the_parts_each_row_computes_are_read_from_its_arguments_before_any_run():
+    import torch
+
+    from splitrl.cli.bench import _parts_key
+
+    assert _parts_key(("--rollout-groups", "2", "--channels-last")) == (False, True, torch.get_num_threads())
+    assert _parts_key(("--fused-adam", "--threads", "1")) == (True, False, 1)
+    assert _parts_key(("--threads", "3")) == (False, False, 3)
     bad = splitrl_here("bench", "pipeline", "--modes", "sync", "--rtt", "0", "--", "--chanels-last", code=None)
     assert bad.exit_code != 0 and "--chanels-last" in bad.output
+    bad = splitrl_here("bench", "pipeline", "--modes", "sync --thread 1", "--rtt", "0", code=None)
+    assert bad.exit_code != 0 and "--thread" in bad.output
+    bad = splitrl_here("bench", "pipeline", "--modes", "turbo", "--rtt", "0", code=None)
+    assert bad.exit_code != 0 and "unknown mode" in bad.output
+
+
+def test_the_twin_runs_in_one_process_at_no_round_trip_and_its_cpu_counts_once(tmp_path, monkeypatch):
+    from splitrl.bench import pipeline_bench
+
+    ran = []
+    monkeypatch.setattr(pipeline_bench, "run_local", lambda args, run_dir, timeout, command="run":
+                        ran.append((command, Path(run_dir).name)) or _run(Path(run_dir), [10.0, 10.0, 10.0], 1.5, 1.5,
+                                                                          envs=0.0))
+    rows = run_pipeline_bench(["twin", "sync"], [0.0], out_dir=str(tmp_path))
+    assert ran == [("train", "0ms-twin"), ("run", "0ms-sync")]
+    twin, sync = rows
+    assert twin["cpu_per_iteration"] == pytest.approx(15.0) and twin["busy_stage1"] is None  # stage0's alone
+    assert sync["cpu_per_iteration"] == pytest.approx(30.0)
+    assert "| 0 ms | twin | 10.0 | 409.6 | 1.00 |  | 1.50 |  | 0.00 | 15.0 |" in pipeline_table(rows)
+    # With a round trip there is no link to delay in the twin: only the split runs
+    monkeypatch.setattr(pipeline_bench, "_run_in_lab", lambda args, run_dir, *rest: ran.append(("lab", run_dir.name))
+                        or _run(run_dir, [10.0, 10.0, 10.0], 1.5, 1.5, envs=0.0))
+    ran.clear()
+    run_pipeline_bench(["twin", "sync"], [20.0], out_dir=str(tmp_path / "rtt"))
+    assert ran == [("lab", "20ms-sync")]
