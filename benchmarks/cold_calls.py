@@ -11,7 +11,8 @@ multiply. Calls: a 16 KiB frame as a torch tensor (`torch.frombuffer`); the wire
 the synchronous split sends it (features, reward, terminated, truncated); the paper's heads' acting forward and
 draw on one row (the floor's ``heads acting`` part, `splitrl bench floor`); and `Learner.act` on that step (the
 part and the bookkeeping around it: the outcome read and checked, the draw scored, the rollout's rows stored).
-One thread. Prints a markdown table.
+One thread. Prints a markdown table, with the torch operators each call dispatches (``torch calls``: counted once,
+with a `TorchDispatchMode`, outside the timing).
 """
 
 from __future__ import annotations
@@ -51,6 +52,22 @@ def timed(call: Callable[[], object], count: int, pause_s: float) -> tuple[float
     return 1e6 * cold / count, 1e6 * warm
 
 
+def torch_calls(call: Callable[[], object]) -> int:
+    """How many torch operators one ``call`` dispatches (views and copies too: each is a call into torch)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.count += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        call()
+    return Count.count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=300)
@@ -81,11 +98,11 @@ def main() -> None:
              ("heads' acting forward and draw (a part)", heads),
              ("Learner.act (the part and its bookkeeping)", act)]
     print(f"thread CPU us a call, after a {args.pause_ms:g} ms pause that evicts the caches, and back to back")
-    print("| call | cold | warm | cold / warm |")
-    print("|---|---:|---:|---:|")
+    print("| call | cold | warm | cold / warm | torch calls |")
+    print("|---|---:|---:|---:|---:|")
     for name, call in calls:
         cold, warm = timed(call, args.count, args.pause_ms / 1e3)
-        print(f"| {name} | {cold:.1f} | {warm:.1f} | {cold / warm:.1f}x |")
+        print(f"| {name} | {cold:.1f} | {warm:.1f} | {cold / warm:.1f}x | {torch_calls(call)} |")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Where a split run's CPU goes: every process of `splitrl run` sampled by py-spy, each sample put in one part.
 
-    python benchmarks/tax_profile.py [--iterations 2] [--rate 100] [--out DIR] [--raw FILE] [-- RUN OPTIONS ...]
+    python benchmarks/tax_profile.py [--iterations 2] [--rate 100] [--out DIR] [--raw FILE] [--twin] [-- RUN OPTIONS ...]
 
 Runs `splitrl run` (the paper's configuration unless options follow ``--``) under ``py-spy record --subprocesses``
 (`pip install py-spy`; root or ptrace rights), or reads a raw profile already taken (``--raw``), and prints for
@@ -10,7 +10,8 @@ framing, the transport, rollout storage and GAE, the schedule's own Python). A s
 innermost frame that names one (`PARTS`, checked from the leaf up), but a codec, the framing, the transport and
 the start-up hold what runs below them (a forward inside a codec is the codec's).
 The first iteration (start-up: imports, the env's first reset, the handshake) is in the figures too: compare
-runs of the same length. Prints a markdown table and one JSON object.
+runs of the same length. Prints a markdown table and one JSON object. ``--twin`` profiles the twin instead
+(`splitrl train`: both stages in one process, each sample put in the stage of its thread's loop).
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="py-spy's samples a second")
     parser.add_argument("--out", default=None, help="keep the run directory and the raw profile here")
     parser.add_argument("--raw", default=None, help="account for a raw py-spy profile already taken")
+    parser.add_argument("--twin", action="store_true", help="profile `splitrl train` (one process) instead")
     parser.add_argument("run_args", nargs="*", help="options for `splitrl run` (after --)")
     args = parser.parse_args()
     if args.raw:
@@ -145,7 +147,8 @@ def main() -> None:
         out = Path(args.out or tempfile.mkdtemp(prefix="splitrl-tax-"))
         out.mkdir(parents=True, exist_ok=True)
         length = [] if "--total-steps" in args.run_args else ["--total-steps", str(4096 * args.iterations)]
-        run = [sys.executable, "-m", "splitrl", "run", "--run-dir", str(out / "run"), "--overwrite", *length,
+        run = [sys.executable, "-m", "splitrl", "train" if args.twin else "run", "--run-dir", str(out / "run"),
+               "--overwrite", *length,
                "--checkpoint-every", "0", *args.run_args]
         profile = out / "profile.raw"
         subprocess.run([spy, "record", "--subprocesses", "--rate", f"{args.rate:g}", "--format", "raw",

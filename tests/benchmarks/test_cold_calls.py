@@ -24,7 +24,19 @@ def test_the_script_prints_a_row_for_each_call():
     assert [row.split(" | ")[0] for row in rows] == ["| torch.frombuffer, 16 KiB", "| wire decode of a step",
                                                      "| heads' acting forward and draw (a part)",
                                                      "| Learner.act (the part and its bookkeeping)"]
-    assert all(row.endswith("x |") for row in rows)
+    assert all(row.split(" | ")[3].endswith("x") for row in rows)
+    calls = {row.split(" | ")[0][2:]: int(row.split(" | ")[4].rstrip(" |")) for row in rows}
+    # The part's own calls are among Learner.act's, and its bookkeeping adds some
+    assert 0 < calls["heads' acting forward and draw (a part)"] < calls["Learner.act (the part and its bookkeeping)"]
+
+
+def test_torch_calls_counts_each_operator_a_call_dispatches():
+    import torch
+
+    from benchmarks.cold_calls import torch_calls
+
+    x = torch.ones(3)
+    assert torch_calls(lambda: (x + 1) * 2) == 2 and torch_calls(lambda: None) == 0
 
 
 def test_the_rollout_storage_benchmark_times_both_ways_each_round():

@@ -38,3 +38,17 @@ def test_nested_processes_are_the_innermost_ones_and_a_stages_env_workers_their_
                   "process (/x/mine.py:1)"]) + " 20",  # a function named process is not a process
     ])
     assert account(raw, rate=10.0) == {"env workers": {"env step": 1.0}, "stage0": {"schedule and stages": 2.0}}
+
+
+def test_the_twins_samples_go_to_the_stage_of_their_threads_loop():
+    twin = 'process 7:"python -m splitrl train --run-dir r"'
+    raw = "\n".join([
+        ";".join([twin, "serve_stage0 (/x/splitrl/runner/stage0.py:86)", "Edge.observe (/x/splitrl/stages/edge.py:1)"])
+        + " 30",
+        ";".join([twin, "_bootstrap (/v/threading.py:1)", "serve_stage1 (/x/splitrl/runner/stage1.py:56)",
+                  "Learner.act (/x/splitrl/stages/learner.py:5)"]) + " 20",
+        ";".join([twin, "serve_stage0 (/x/splitrl/runner/stage0.py:86)", "CarRacing.step (/v/site-packages/"
+                  "gymnasium/envs/box2d/car_racing.py:561)"]) + " 10",
+    ])
+    assert account(raw, rate=10.0) == {"stage0": {"schedule and stages": 3.0, "env step": 1.0},
+                                       "stage1": {"schedule and stages": 2.0}}
