@@ -9,6 +9,13 @@ from .gae import compute_gae
 __all__ = ["RolloutBuffer", "shuffled_minibatches", "minibatch_schedule"]
 
 
+def _plain(x: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """``x`` without a graph and, with ``shape``, in that shape: ``x`` itself where it is so already."""
+    if x.requires_grad:
+        x = x.detach()
+    return x if shape is None or x.shape == shape else x.reshape(shape)
+
+
 class RolloutBuffer:
     """Per-step tensors shaped (num_steps, num_envs, ...), float32.
 
@@ -39,9 +46,11 @@ class RolloutBuffer:
     def batch_size(self) -> int:
         return self.num_steps * self.num_envs
 
-    def _vec(self, x, n: int) -> torch.Tensor:
-        # critics often emit (N, 1) and envs numpy arrays; normalise both to (N,) float32, on the storage's device
-        return torch.as_tensor(x, dtype=torch.float32, device=self.device).detach().reshape(n)
+    def _vec(self, x, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        # critics often emit (N, 1) and envs numpy arrays; normalise both to (N,) ``dtype``, on the storage's device.
+        # A tensor that is so already is taken as it is: each step writes a few of these, and every detach or
+        # reshape is one more call into torch (the values are the same either way).
+        return _plain(torch.as_tensor(x, dtype=dtype, device=self.device), (n,))
 
     def _width(self, envs: slice) -> int:
         return len(range(*envs.indices(self.num_envs)))
@@ -49,14 +58,14 @@ class RolloutBuffer:
     def add(self, step: int, *, actions, logprobs, values, envs: slice = slice(None)) -> None:
         """Record what the policy produced at step ``step``."""
         n = self._width(envs)
-        self.actions[step, envs] = torch.as_tensor(actions, dtype=self.actions.dtype, device=self.device).detach()
+        self.actions[step, envs] = _plain(torch.as_tensor(actions, dtype=self.actions.dtype, device=self.device))
         self.logprobs[step, envs] = self._vec(logprobs, n)
         self.values[step, envs] = self._vec(values, n)
 
     def add_rows(self, steps: torch.Tensor, envs: torch.Tensor, *, actions, logprobs, values) -> None:
         """`add` for rows of different steps: row i is step ``steps[i]`` of env ``envs[i]``."""
         n = len(envs)
-        self.actions[steps, envs] = torch.as_tensor(actions, dtype=self.actions.dtype, device=self.device).detach()
+        self.actions[steps, envs] = _plain(torch.as_tensor(actions, dtype=self.actions.dtype, device=self.device))
         self.logprobs[steps, envs] = self._vec(logprobs, n)
         self.values[steps, envs] = self._vec(values, n)
 
@@ -75,19 +84,23 @@ class RolloutBuffer:
         self._store_outcome((steps, envs), len(envs), rewards, terminated, truncated, final_values)
 
     def _store_outcome(self, where, n: int, rewards, terminated, truncated, final_values) -> None:
-        term = self._vec(terminated, n).bool()
-        trunc = self._vec(truncated, n).bool()
+        # (the flags as bool, a float's 0 or not as its truth, stored as 0.0 / 1.0 by the copy into the float
+        # storage, which converts as .float() would)
+        term = self._vec(terminated, n, torch.bool)
+        trunc = self._vec(truncated, n, torch.bool)
         needs_bootstrap = trunc & ~term
         if final_values is None:
             if needs_bootstrap.any():
                 # silently bootstrapping 0 would bias every time-limited episode
                 raise ValueError("final_values is required when an env is truncated")
-            fv = torch.zeros(n, device=self.device)
+            fv = 0.0
         else:
-            fv = torch.where(needs_bootstrap, self._vec(final_values, n), torch.zeros(n, device=self.device))
+            fv = torch.where(needs_bootstrap, self._vec(final_values, n), 0.0)
+        if isinstance(where[0], torch.Tensor):  # rows by index tensors: index_put_ takes the storage's dtype only
+            term, trunc = term.float(), trunc.float()
         self.rewards[where] = self._vec(rewards, n)
-        self.terminated[where] = term.float()
-        self.truncated[where] = trunc.float()
+        self.terminated[where] = term
+        self.truncated[where] = trunc
         self.final_values[where] = fv
 
     def finish(self, last_value, gamma: float = 0.99, gae_lambda: float = 0.95,

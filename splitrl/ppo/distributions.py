@@ -49,7 +49,8 @@ class TanhGaussian:
     def sample_parts(self, parts: list[tuple[int, torch.Generator | None]]) -> torch.Tensor:
         """`sample` with the rows in consecutive parts (size, generator), each part's noise its own draw:
         the numbers that part would get sampled alone."""
-        noise = torch.cat([self._noise((size,) + tuple(self.mean.shape[1:]), generator) for size, generator in parts])
+        draws = [self._noise((size,) + tuple(self.mean.shape[1:]), generator) for size, generator in parts]
+        noise = draws[0] if len(draws) == 1 else torch.cat(draws)
         return (self.mean + self.std * noise).detach()
 
     def log_prob(self, u: torch.Tensor) -> torch.Tensor:

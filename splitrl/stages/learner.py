@@ -211,6 +211,8 @@ class Learner:
         self.rollouts.store(self.iteration, [(t, g) for g, t, _, _ in steps], x, self._acting_version(),
                             actions=u, logprobs=logprob, values=v)
         wire = to_host(self.acting.wire_action(u))  # one copy for every group's actions
+        if len(parts) == 1:
+            return [({"action": wire}, {})]
         payloads, start = [], 0
         for size, _ in parts:
             payloads.append(({"action": wire[start:start + size]}, {}))

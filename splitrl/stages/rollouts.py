@@ -100,12 +100,13 @@ class Rollouts:
         if len(parts) == 1:  # one group's step: its rows are a slice, written as one (no index tensors)
             at, envs = parts[0][0], self.groups.slices[parts[0][1]]
             self.buffers[iteration].add(at, actions=actions, logprobs=logprobs, values=values, envs=envs)
+            self.versions[iteration][at, envs].fill_(version)  # (a view, filled in place: no tensor of the number)
         else:
             at, envs = self.groups.rows_of(parts)
             self.buffers[iteration].add_rows(at, envs, actions=actions, logprobs=logprobs, values=values)
+            self.versions[iteration][at, envs] = version
         if self.inputs is not None:
             self.inputs[iteration][at, envs] = x
-        self.versions[iteration][at, envs] = version
 
     def record_outcomes(self, iteration: int, outcomes: list[tuple[int, int, tuple[torch.Tensor, ...]]]) -> None:
         """Outcomes ((step, group, (reward, terminated, truncated, final values)) each, as

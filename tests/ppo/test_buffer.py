@@ -49,6 +49,34 @@ def test_add_and_add_outcome_store_values():
     assert (buf.rewards[[0, 1, 3, 4]] == 0).all()
 
 
+def test_a_step_already_in_shape_is_stored_without_conversions_and_by_rows_the_same():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Calls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    buf, rows = RolloutBuffer(T, N, A), RolloutBuffer(T, N, A)
+    step = dict(actions=torch.randn(N, A), logprobs=torch.randn(N), values=torch.randn(N))
+    outcome = dict(rewards=torch.randn(N), terminated=torch.tensor([False, True, True]),
+                   truncated=torch.tensor([True, False, True]), final_values=torch.randn(N))
+    with Calls() as calls:
+        buf.add(1, **step)
+        buf.add_outcome(1, **outcome)
+    # each tensor copied into its slot, the flags converted by that copy: no detach, reshape or dtype copy first
+    assert not {"detach", "view", "_to_copy", "reshape"} & set(calls.names), calls.names
+    rows.add_rows(torch.tensor([1, 1, 1]), torch.arange(N), **step)
+    rows.add_outcome_rows(torch.tensor([1, 1, 1]), torch.arange(N), **outcome)
+    for name in ("actions", "logprobs", "values", "rewards", "terminated", "truncated", "final_values"):
+        assert torch.equal(getattr(buf, name), getattr(rows, name)), name
+    assert buf.terminated[1].tolist() == [0.0, 1.0, 1.0] and buf.final_values[1, 1:].tolist() == [0.0, 0.0]
+
+
 def test_final_values_optional_unless_needed():
     buf = RolloutBuffer(T, N, A)
     buf.add_outcome(0, rewards=torch.zeros(N), terminated=torch.zeros(N), truncated=torch.zeros(N))
