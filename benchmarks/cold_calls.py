@@ -9,8 +9,10 @@ and data cold. Each call here is timed (thread CPU) right after such a pause (a 
 of ``--pause-ms``) and in a tight loop (warm); the ratio is what the wake-ups of 4,096 round trips an iteration
 multiply. Calls: a 16 KiB frame as a torch tensor (`torch.frombuffer`); the wire's decode of a rollout step as
 the synchronous split sends it (features, reward, terminated, truncated); the paper's heads' acting forward and
-draw on one row (the floor's ``heads acting`` part, `splitrl bench floor`); and `Learner.act` on that step (the
-part and the bookkeeping around it: the outcome read and checked, the draw scored, the rollout's rows stored).
+draw on one row (the floor's ``heads acting`` part, `splitrl bench floor`); `Learner.act` on that step (the
+part and the bookkeeping around it: the outcome read and checked, the draw scored, the rollout's rows stored);
+and on stage0's side the encoder's acting forward on one observation (a part) and `Edge.observe` (the part and
+its bookkeeping: the observation stored, the features packed for the wire).
 One thread. Prints a markdown table, with the torch operators each call dispatches (``torch calls``: counted once,
 with a `TorchDispatchMode`, outside the timing).
 """
@@ -26,7 +28,7 @@ import torch
 
 from splitrl.envs import inspect_env
 from splitrl.settings import TrainSettings
-from splitrl.stages import Learner
+from splitrl.stages import Edge, Learner
 from splitrl.transport.wire import decode, encode
 
 
@@ -93,16 +95,31 @@ def main() -> None:
         with torch.no_grad():
             return learner.heads.evaluate(*learner.heads.outputs(features), generator=learner.generator)
 
+    settings = settings.for_observation(spec.observation)  # stage0's side: the model the run resolves
+    edge = Edge(settings, spec)
+    edge.open_envs()
+    edge.begin_rollout(1)
+    observation = torch.as_tensor(spec.rows(edge.envs.next_obs[0], settings.env.image_pipeline[1] > 1))
+
+    def encoder() -> object:
+        with torch.no_grad():
+            return edge.acting(observation)
+
     calls = [("torch.frombuffer, 16 KiB", lambda: torch.frombuffer(frame, dtype=torch.float32)),
              ("wire decode of a step", lambda: decode(frames)),
              ("heads' acting forward and draw (a part)", heads),
-             ("Learner.act (the part and its bookkeeping)", act)]
+             ("Learner.act (the part and its bookkeeping)", act),
+             ("encoder's acting forward (a part)", encoder),
+             ("Edge.observe (the part and its bookkeeping)", lambda: edge.observe(1))]
     print(f"thread CPU us a call, after a {args.pause_ms:g} ms pause that evicts the caches, and back to back")
     print("| call | cold | warm | cold / warm | torch calls |")
     print("|---|---:|---:|---:|---:|")
-    for name, call in calls:
-        cold, warm = timed(call, args.count, args.pause_ms / 1e3)
-        print(f"| {name} | {cold:.1f} | {warm:.1f} | {cold / warm:.1f}x | {torch_calls(call)} |")
+    try:
+        for name, call in calls:
+            cold, warm = timed(call, args.count, args.pause_ms / 1e3)
+            print(f"| {name} | {cold:.1f} | {warm:.1f} | {cold / warm:.1f}x | {torch_calls(call)} |")
+    finally:
+        edge.close()
 
 
 if __name__ == "__main__":

@@ -170,7 +170,7 @@ class Edge:
         """Group ``g``'s step ``t`` message: its observation stored and encoded, after its last outcome."""
         envs = self.groups.rows[g]
         obs = to_device(torch.as_tensor(self.spec.rows(self.envs.next_obs[g], self.stacked)), self.device)
-        self.obs[t, envs[0]: envs[-1] + 1] = obs
+        self.obs[t, self.groups.slices[g]] = obs  # (the group's rows as a slice: no index arithmetic in torch)
         tensors, header = self.outcome[g]
         if t == 0 and self.iteration in self.tuning.announced:
             header["budget"] = self.tuning.announced[self.iteration]

@@ -23,11 +23,14 @@ def test_the_script_prints_a_row_for_each_call():
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| call")]
     assert [row.split(" | ")[0] for row in rows] == ["| torch.frombuffer, 16 KiB", "| wire decode of a step",
                                                      "| heads' acting forward and draw (a part)",
-                                                     "| Learner.act (the part and its bookkeeping)"]
+                                                     "| Learner.act (the part and its bookkeeping)",
+                                                     "| encoder's acting forward (a part)",
+                                                     "| Edge.observe (the part and its bookkeeping)"]
     assert all(row.split(" | ")[3].endswith("x") for row in rows)
     calls = {row.split(" | ")[0][2:]: int(row.split(" | ")[4].rstrip(" |")) for row in rows}
     # The part's own calls are among Learner.act's, and its bookkeeping adds some
     assert 0 < calls["heads' acting forward and draw (a part)"] < calls["Learner.act (the part and its bookkeeping)"]
+    assert 0 < calls["encoder's acting forward (a part)"] < calls["Edge.observe (the part and its bookkeeping)"]
 
 
 def test_torch_calls_counts_each_operator_a_call_dispatches():
