@@ -18,8 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from splitrl.bench.pipeline_bench import TWIN, parse_row
-from splitrl.runs import measured_records, read_metrics
+from splitrl.runs import is_twin, measured_records, read_metrics
 
 HEADER = ("| run | s/iteration | x floor | stage0 | stage1 | env workers | CPU s | x parts | x the floor's parts |\n"
           "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -35,7 +34,7 @@ def rows(path: str | Path) -> list[str]:
         workers = cpu["envs"] > 0
         own = {"stage0": p["encoder acting"] + p["encoder training"] + (0.0 if workers else p["envs"]),
                "stage1": p["heads acting"] + p["heads training"], "envs": p["envs"] if workers else 0.0}
-        if parse_row(row["mode"])[0] == TWIN:  # one process, its CPU recorded as both stages': stage0's column
+        if is_twin(row["run_dir"]):  # one process, its CPU recorded as both stages' (`iteration_cpu`): stage0's column
             cpu["stage1"], own["stage0"], own["stage1"] = 0.0, own["stage0"] + own["stage1"], 0.0
         cells = [f"{cpu[k]:.1f} ({cpu[k] - own[k]:+.1f} over {own[k]:.1f})" if own[k] or cpu[k] else ""
                  for k in ("stage0", "stage1", "envs")]

@@ -26,9 +26,10 @@ START = b"start"
 
 
 def _build():
+    """The paper's settings as a run resolves them, its env's spec and both halves of its network, on one thread."""
     import torch
 
-    from splitrl.envs import inspect_env, make_vector_env
+    from splitrl.envs import inspect_env
     from splitrl.models import agent
     from splitrl.settings import TrainSettings
 
@@ -36,8 +37,7 @@ def _build():
     settings = TrainSettings()
     spec = inspect_env(settings.env)
     settings = settings.for_observation(spec.observation)
-    encoder, heads = agent(settings, spec)
-    return settings, spec, encoder, heads, make_vector_env
+    return (settings, spec, *agent(settings, spec))
 
 
 def _edge(conn, steps: int, out) -> None:
@@ -46,9 +46,10 @@ def _edge(conn, steps: int, out) -> None:
     import numpy as np
     import torch
 
-    settings, spec, encoder, heads, make_vector_env = _build()
-    envs, _ = make_vector_env(settings.env, vector="sync", reward_clip=settings.ppo.reward_clip,
-                              reward_gamma=settings.ppo.gamma if settings.ppo.norm_reward else None)
+    from splitrl.stages.env_groups import training_envs
+
+    settings, spec, encoder, heads = _build()
+    envs, _ = training_envs(settings)
     stacked = settings.env.image_pipeline[1] > 1
     generator = torch.Generator().manual_seed(settings.seed)
     obs, _ = envs.reset(seed=settings.seed)
@@ -94,7 +95,7 @@ def _heads(conn, out) -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
-    settings, _, _, heads, _ = _build()
+    settings, _, _, heads = _build()
     generator = torch.Generator().manual_seed(settings.seed)
     seconds, cpu = 0.0, time.process_time()
     while True:

@@ -183,19 +183,24 @@ From 8 rows on, the second thread pays in wall time (not in CPU time)."""
 
 
 @contextmanager
-def one_thread() -> Iterator[None]:
-    """torch's intra-op threads (this thread's) set to one for the block, then back."""
+def intra_op_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads (this thread's) set to ``threads`` for the block, then back."""
     import torch
 
-    threads = torch.get_num_threads()
-    if threads == 1:
+    before = torch.get_num_threads()
+    if threads == before:
         yield
         return
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
+
+
+def one_thread() -> ContextManager[None]:
+    """torch's intra-op threads (this thread's) set to one for the block, then back."""
+    return intra_op_threads(1)
 
 
 def acting_threads(device: "torch.device", rows: int) -> ContextManager[None]:

@@ -321,6 +321,19 @@ def saved_config(run_dir: str | Path, role: str) -> dict[str, Any]:
 # -- reading ---------------------------------------------------------------------------
 
 
+def is_twin(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` is the twin's (both stages in one process: it wrote `CONFIG_NAMES` ``twin``'s file)."""
+    return (Path(run_dir) / CONFIG_NAMES["twin"]).is_file()
+
+
+def iteration_cpu(record: dict[str, Any], twin: bool) -> float:
+    """The CPU seconds an iteration's record says its processes spent: both stages' and the env workers'
+    (``cpu/envs``, 0 where the envs step in stage0). The twin's one process records its CPU as both stages'
+    (`docs/reference/metrics.md`): counted once."""
+    stage1 = 0.0 if twin else record["cpu/stage1"]
+    return record["cpu/stage0"] + stage1 + record.get("cpu/envs", 0.0)
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     """One record per non-empty line; a half-written last line (a run still writing it) is left out. A ``.gz``
     file is read through gzip (a long run's records kept compressed)."""

@@ -2,7 +2,7 @@
 
 The parts of one PPO iteration of a run's settings, each timed alone in this process on one thread (or as a run
 on more intra-op threads computes them: ``threads``), in CPU seconds (`time.process_time`), with the run's own
-environment pipeline (`splitrl.envs.make_vector_env`, the wrappers the edge steps) and its own network
+environment pipeline (`splitrl.stages.env_groups.training_envs`, the wrappers the edge steps) and its own network
 (`splitrl.models.agent`, both halves), and no link, codec, storage or schedule around them:
 
 - ``envs``: the iteration's env steps (``num_steps`` steps of ``num_envs`` envs), actions drawn at random in
@@ -30,11 +30,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..devices import acting_threads, place, update_threads
-from ..envs import inspect_env, make_vector_env
+from ..devices import acting_threads, intra_op_threads, place, update_threads
+from ..envs import inspect_env
 from ..models import agent
 from ..ppo import adam, minibatch_schedule, ppo_loss
 from ..settings import TrainSettings
+from ..stages.env_groups import training_envs
 
 __all__ = ["PARTS", "EDGE_PARTS", "measure_floor", "bracketed", "floor_table"]
 
@@ -68,30 +69,26 @@ def measure_floor(settings: TrainSettings, cores: int | None = None, channels_la
     threads them: `acting_threads`, `update_threads`), whose CPU above the floor's is the threads' own cost."""
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with intra_op_threads(threads):
         seconds = _measure(settings, channels_last)
-    finally:
-        torch.set_num_threads(previous)
-    floor = _implied(seconds, cores or os.cpu_count() or 1, settings.steps_per_iteration, channels_last)
-    return dict(floor, threads=threads)
+    return _implied(seconds, cores or os.cpu_count() or 1, settings.steps_per_iteration, channels_last, threads)
 
 
 def bracketed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """Two measurements of the same parts (`measure_floor`), one before a bench's runs and one after: each part's
     mean and the floors they imply, with ``bracket``, the two totals (how far the machine moved meanwhile)."""
     seconds = {part: (before["parts"][part] + after["parts"][part]) / 2 for part in PARTS}
-    floor = _implied(seconds, before["cores"], before["steps"], before["channels_last"])
-    return dict(floor, threads=before.get("threads", 1), bracket=[before["total"], after["total"]])
+    floor = _implied(seconds, before["cores"], before["steps"], before["channels_last"], before.get("threads", 1))
+    return dict(floor, bracket=[before["total"], after["total"]])
 
 
-def _implied(seconds: dict[str, float], cores: int, steps: int, channels_last: bool) -> dict[str, Any]:
+def _implied(seconds: dict[str, float], cores: int, steps: int, channels_last: bool, threads: int = 1
+             ) -> dict[str, Any]:
     edge = sum(seconds[p] for p in EDGE_PARTS)
     total = sum(seconds.values())
     return {"parts": seconds, "total": total, "edge": edge, "server": total - edge, "cores": cores,
             "floor": total / cores, "two_machines": max(edge, total - edge), "steps": steps,
-            "channels_last": channels_last}
+            "channels_last": channels_last, "threads": threads}
 
 
 def _measure(settings: TrainSettings, channels_last: bool) -> dict[str, float]:
@@ -105,8 +102,7 @@ def _measure(settings: TrainSettings, channels_last: bool) -> dict[str, float]:
                                                                      (heads_params, ppo.lr_heads)) if p]
     generator = torch.Generator().manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
-    envs, _ = make_vector_env(settings.env, vector="sync", reward_clip=ppo.reward_clip,
-                              reward_gamma=ppo.gamma if ppo.norm_reward else None)
+    envs, _ = training_envs(settings)
     stacked = settings.env.image_pipeline[1] > 1
     observations, actions = [], []
     try:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 from ..launch import progress, run_local
 from ..netem.tc import Shaping
-from ..runs import measured_records, read_metrics
+from ..runs import is_twin, iteration_cpu, measured_records, read_metrics
 from ..summary import summarise_run
 
 __all__ = ["MODES", "parse_row", "run_pipeline_bench", "pipeline_rows", "pipeline_table"]
@@ -92,8 +92,7 @@ def _summary(mode: str, rtt_ms: float, run_dir: Path) -> dict[str, Any]:
 
     # The envs' worker processes (0 where the envs step in stage0; runs from before `cpu/envs` have no figure).
     workers = all("cpu/envs" in r for r in used)
-    # The twin's one process records its CPU as both stages' (`docs/reference/metrics.md`): counted once.
-    stage1 = None if parse_row(mode)[0] == TWIN else "cpu/stage1"
+    twin = is_twin(run_dir)  # one process: no stage1 of its own
 
     return {
         "mode": mode,
@@ -101,10 +100,9 @@ def _summary(mode: str, rtt_ms: float, run_dir: Path) -> dict[str, Any]:
         "seconds_per_iteration": summary["seconds_per_iteration"],
         "steps_per_second": summary["steps_per_second"],
         "busy_stage0": mean(lambda r: r["cpu/stage0"] / r["time/iteration"]),
-        "busy_stage1": mean(lambda r: r[stage1] / r["time/iteration"]) if stage1 else None,
+        "busy_stage1": None if twin else mean(lambda r: r["cpu/stage1"] / r["time/iteration"]),
         "busy_envs": mean(lambda r: r["cpu/envs"] / r["time/iteration"]) if workers else None,
-        "cpu_per_iteration": mean(lambda r: r["cpu/stage0"] + (r[stage1] if stage1 else 0.0) + r["cpu/envs"])
-        if workers else None,
+        "cpu_per_iteration": mean(lambda r: iteration_cpu(r, twin)) if workers else None,
         "link_wait": summary["link_wait_per_iteration"],
         "bytes_per_iteration": summary["bytes_per_iteration"],
         "staleness_mean": mean(lambda r: r.get("async/staleness_mean", 0.0)),

@@ -16,7 +16,14 @@ from ..envs import choose_vector, make_vector_env, restore_vector_env, vector_en
 from ..settings import TrainSettings
 from .rollouts import Groups
 
-__all__ = ["EnvGroups"]
+__all__ = ["EnvGroups", "training_envs"]
+
+
+def training_envs(settings: TrainSettings, env: Any = None, vector: str = "sync") -> tuple[Any, Any]:
+    """The vector env (and its `StepInTwo`) of ``env`` (default ``settings.env``) as a run trains on it: the
+    reward's clipping and normalisation of ``settings.ppo`` around the env's own pipeline."""
+    return make_vector_env(settings.env if env is None else env, vector=vector, reward_clip=settings.ppo.reward_clip,
+                           reward_gamma=settings.ppo.gamma if settings.ppo.norm_reward else None)
 
 
 class EnvGroups:
@@ -50,8 +57,7 @@ class EnvGroups:
                              f"{len(self.groups)}: resume with the same --rollout-groups")
         group_env = dataclasses.replace(s.env, num_envs=self.groups.size)
         for g, rows in enumerate(self.groups.rows):
-            env, stepper = make_vector_env(group_env, vector=self.vector, reward_clip=s.ppo.reward_clip,
-                                           reward_gamma=s.ppo.gamma if s.ppo.norm_reward else None)
+            env, stepper = training_envs(s, group_env, self.vector)
             self.envs.append(env)
             self.steppers.append(stepper)
             obs = env.reset(seed=seed + int(rows[0]))[0]

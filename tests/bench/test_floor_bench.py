@@ -109,8 +109,7 @@ def test_the_pipeline_bench_times_the_parts_before_and_after_its_runs(monkeypatc
 
     def measure(settings, cores=None, channels_last=False, threads=1):
         order.append(("parts", channels_last, threads))
-        return dict(floor_bench._implied({p: 10.0 * len(order) for p in PARTS}, 2, 4096, channels_last),
-                    threads=threads)
+        return floor_bench._implied({p: 10.0 * len(order) for p in PARTS}, 2, 4096, channels_last, threads)
 
     def runs(*args, **kwargs):
         order.append("runs")

@@ -99,9 +99,16 @@ def test_the_twin_runs_in_one_process_at_no_round_trip_and_its_cpu_counts_once(t
     from splitrl.bench import pipeline_bench
 
     ran = []
-    monkeypatch.setattr(pipeline_bench, "run_local", lambda args, run_dir, timeout, command="run":
-                        ran.append((command, Path(run_dir).name)) or _run(Path(run_dir), [10.0, 10.0, 10.0], 1.5, 1.5,
-                                                                          envs=0.0))
+
+    def run_local(args, run_dir, timeout, command="run"):
+        ran.append((command, Path(run_dir).name))
+        _run(Path(run_dir), [10.0, 10.0, 10.0], 1.5, 1.5, envs=0.0)
+        # each kind of process writes its own config (`splitrl.runs.CONFIG_NAMES`): the twin's tells it apart
+        names = ["config.json"] if command == "train" else ["config-stage0.json", "config-stage1.json"]
+        for name in names:
+            (Path(run_dir) / name).write_text('{"settings": {}}')
+
+    monkeypatch.setattr(pipeline_bench, "run_local", run_local)
     rows = run_pipeline_bench(["twin", "sync"], [0.0], out_dir=str(tmp_path))
     assert ran == [("train", "0ms-twin"), ("run", "0ms-sync")]
     twin, sync = rows

@@ -9,8 +9,10 @@ import pytest
 from benchmarks.tax_table import rows
 
 
-def _run(path, stage0, stage1, envs=0.0):
+def _run(path, stage0, stage1, envs=0.0, twin=False):
     path.mkdir()
+    for name in ["config.json"] if twin else ["config-stage0.json", "config-stage1.json"]:
+        (path / name).write_text('{"settings": {}}')
     records = [{"iteration": i, "global_step": 4096 * i, "time/iteration": 50.0, "charts/SPS": 80.0,
                 "cpu/stage0": stage0, "cpu/stage1": stage1, "cpu/envs": envs} for i in (1, 2, 3)]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -22,7 +24,7 @@ def test_each_process_is_set_against_its_own_parts_and_the_twin_is_one_process(t
              "heads training": 15.0}
     floor = {"parts": parts, "total": 73.0, "floor": 36.5}
     own = {"parts": dict(parts, **{"encoder training": 32.0}), "total": 75.0, "floor": 37.5}
-    bench = [{"mode": "twin", "seconds_per_iteration": 50.0, "run_dir": _run(tmp_path / "twin", 90.0, 90.0),
+    bench = [{"mode": "twin", "seconds_per_iteration": 50.0, "run_dir": _run(tmp_path / "twin", 90.0, 90.0, twin=True),
               "floor": floor, "parts": own},
              {"mode": "sync --threads 1", "seconds_per_iteration": 60.0, "run_dir": _run(tmp_path / "s", 60.0, 25.0),
               "floor": floor}]
