@@ -1,46 +1,57 @@
-"""CarRacing's road drawn for less CPU, pixel for pixel as gymnasium draws it.
+"""CarRacing drawn for less CPU, pixel for pixel as gymnasium draws it.
 
-gymnasium's CarRacing draws each frame on a 1000x800 surface and shrinks it to the 96x96 observation. Its road
-pass takes every polygon of the field, the grass and the track (about 750 on a typical track) through pygame's
-``Vector2`` one vertex at a time in Python, then skips those off screen, which is most of them: that pass is
-about half of a stock env step's CPU. `draw_road_faster` gives one env a road pass that turns the track's
-vertices all at once with numpy and hands the same visible polygons, with the same coordinates, to the same
-``gfxdraw`` calls:
+gymnasium's CarRacing draws each frame on a 1000x800 surface and shrinks it to the 96x96 observation. Two of its
+costs per frame are far above what drawing it needs, and `draw_faster` cuts both for one env:
 
-- the rotation's cosine and sine are pygame's own: ``Vector2(1, 0).rotate_rad(angle)`` is ``(cos, sin)`` as
-  pygame computes them (its angle folded into one turn, quarter turns exact), and ``cos*x - sin*y``,
-  ``sin*x + cos*y`` are the products and sums pygame's rotation makes, in the same order, in float64;
-- then the zoom and the translation, and the same off-screen test, polygon by polygon;
-- a tile's colour is read at each frame (the env's contact listener repaints tiles as the car touches them).
+- **The road pass.** It takes every polygon of the field, the grass and the track (about 750 on a typical
+  track) through pygame's ``Vector2`` one vertex at a time in Python, then skips those off screen, which is most
+  of them: about half of a stock env step's CPU. The env gets a road pass that turns the track's vertices all at
+  once with numpy and hands the same visible polygons, with the same coordinates, to the same ``gfxdraw`` calls:
+
+  - the rotation's cosine and sine are pygame's own: ``Vector2(1, 0).rotate_rad(angle)`` is ``(cos, sin)`` as
+    pygame computes them (its angle folded into one turn, quarter turns exact), and ``cos*x - sin*y``,
+    ``sin*x + cos*y`` are the products and sums pygame's rotation makes, in the same order, in float64;
+  - then the zoom and the translation, and the same off-screen test, polygon by polygon;
+  - a tile's colour is read at each frame (the env's contact listener repaints tiles as the car touches them).
+
+- **The score's font.** Each frame opens the default font file again (``pygame.font.Font(path, 42)``) and so
+  rasterises the score's glyphs afresh: about 0.5 ms a frame, against 5 us for the same text from a font kept
+  open. The env's ``_render`` is gymnasium's own code (its code object, not a copy of its source) run with a
+  ``pygame`` whose ``font.Font`` hands each thread the one font it keeps for those arguments (a new one once
+  pygame's font module was shut down and started again: pygame-ce refuses a font from before, which is how a
+  kept one is known to be stale). The glyphs are the same, so the frame is.
 
 So the frames are the stock env's, bit for bit (tests/test_carracing.py steps both through episodes and compares
-every frame; `python benchmarks/carracing_road.py` times both side by side). It is installed only where that was
-checked: gymnasium's releases in `CHECKED_GYMNASIUM`, on x86-64 (pygame's wheels there compute each product and
-sum rounded on its own; a compiler that fuses them into one multiply-add, as arm64 builds may, rounds otherwise),
-and where a subclass has replaced neither the road pass nor the polygon drawing. A copy or a pickle of the env
-(gymnasium rebuilds it from its arguments) draws with the stock pass.
+every frame; `python benchmarks/carracing_road.py` times both side by side). Each is installed only where that was
+checked: gymnasium's releases in `CHECKED_GYMNASIUM`; the road on x86-64 (pygame's wheels there compute each
+product and sum rounded on its own; a compiler that fuses them into one multiply-add, as arm64 builds may, rounds
+otherwise) and where a subclass has replaced neither the road pass nor the polygon drawing; the font with
+pygame-ce (whose stale-font check the keeping relies on) and where a subclass has not replaced ``_render``. A copy
+or a pickle of the env (gymnasium rebuilds it from its arguments) draws as the stock env does.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 import types
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["CHECKED_GYMNASIUM", "CHECKED_MACHINES", "draw_road_faster"]
+__all__ = ["CHECKED_GYMNASIUM", "CHECKED_MACHINES", "draw_faster"]
 
 CHECKED_GYMNASIUM = ("1.4.",)
-"""gymnasium releases whose CarRacing road pass this one reproduces (prefixes of ``gymnasium.__version__``)."""
+"""gymnasium releases whose CarRacing frames these passes reproduce (prefixes of ``gymnasium.__version__``)."""
 CHECKED_MACHINES = ("x86_64", "AMD64")
 """``platform.machine()`` values where pygame's rotation was checked to round as numpy's products and sums do."""
 
 _MODULE = "gymnasium.envs.box2d.car_racing"
 
 
-def draw_road_faster(env: Any) -> bool:
-    """Give ``env``'s CarRacing (if it is one) the vectorised road pass; whether it did."""
+def draw_faster(env: Any) -> bool:
+    """Give ``env``'s CarRacing (if it is one) the vectorised road pass and the kept font, each where it was
+    checked; whether it gave either."""
     unwrapped = getattr(env, "unwrapped", env)
     if not any(c.__module__ == _MODULE for c in type(unwrapped).__mro__):
         return False  # decided without importing Box2D and pygame for every other env
@@ -49,14 +60,69 @@ def draw_road_faster(env: Any) -> bool:
     import gymnasium
     from gymnasium.envs.box2d import car_racing
 
-    if not gymnasium.__version__.startswith(CHECKED_GYMNASIUM) or platform.machine() not in CHECKED_MACHINES:
+    if not gymnasium.__version__.startswith(CHECKED_GYMNASIUM) or not isinstance(unwrapped, car_racing.CarRacing):
         return False
-    if not isinstance(unwrapped, car_racing.CarRacing) or any(
-            getattr(type(unwrapped), name) is not getattr(car_racing.CarRacing, name)
-            for name in ("_render_road", "_draw_colored_polygon")):
-        return False  # a subclass draws its own road
-    unwrapped._render_road = types.MethodType(_render_road, unwrapped)
-    return True
+    given = False
+    if platform.machine() in CHECKED_MACHINES and all(
+            getattr(type(unwrapped), name) is getattr(car_racing.CarRacing, name)
+            for name in ("_render_road", "_draw_colored_polygon")):  # (else a subclass draws its own road)
+        unwrapped._render_road = types.MethodType(_render_road, unwrapped)
+        given = True
+    render = _render_with_kept_fonts()
+    if render is not None and type(unwrapped)._render is car_racing.CarRacing._render:
+        unwrapped._render = types.MethodType(render, unwrapped)
+        given = True
+    return given
+
+
+class _KeptFonts:
+    """``pygame.font`` as CarRacing's ``_render`` reads it, but for ``Font(*args)``: this thread's font of those
+    arguments, opened once (again only after pygame's font module was shut down since)."""
+
+    def __init__(self, font: Any, error: type[Exception]) -> None:
+        self._font, self._error, self._kept = font, error, threading.local()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._font, name)
+
+    def Font(self, *args: Any) -> Any:  # noqa: N802 (pygame's name)
+        kept = self._kept.__dict__
+        try:
+            font = kept.get(args)
+        except TypeError:  # arguments that are no key (a file object): a font of its own, as pygame gives
+            return self._font.Font(*args)
+        if font is not None:
+            try:
+                font.get_height()  # pygame-ce refuses a font opened before its font module was last shut down
+                return font
+            except self._error:
+                pass
+        font = kept[args] = self._font.Font(*args)
+        return font
+
+
+class _Pygame:
+    """pygame with ``font`` replaced by `_KeptFonts`; every other name is pygame's own."""
+
+    def __init__(self, pygame: Any) -> None:
+        self._pygame, self.font = pygame, _KeptFonts(pygame.font, pygame.error)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pygame, name)
+
+
+@functools.cache
+def _render_with_kept_fonts() -> Callable[..., Any] | None:
+    """gymnasium's ``CarRacing._render``, its own code object, with globals in which ``pygame`` is `_Pygame`;
+    None where pygame is not pygame-ce or the module does not name pygame as a global."""
+    from gymnasium.envs.box2d import car_racing
+
+    pygame = vars(car_racing).get("pygame")
+    if pygame is None or not getattr(pygame, "IS_CE", False):
+        return None
+    stock = car_racing.CarRacing._render
+    namespace = {**vars(car_racing), "pygame": _Pygame(pygame)}
+    return types.FunctionType(stock.__code__, namespace, stock.__name__, stock.__defaults__, stock.__closure__)
 
 
 @functools.cache

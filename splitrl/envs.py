@@ -16,7 +16,7 @@ from gymnasium.vector import AutoresetMode
 
 from . import stops
 from .allocator import keep_freed_memory
-from .carracing import draw_road_faster
+from .carracing import draw_faster
 from .settings import VECTOR_MODES, EnvSettings, SettingsError
 
 __all__ = ["EnvSpec", "Replayable", "StepInTwo", "VECTOR_MODES", "choose_vector", "make_single_env", "make_vector_env", "to_env_action",
@@ -170,7 +170,7 @@ def make_single_env(settings: EnvSettings, render_mode: str | None = None) -> gy
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
     env = gym.make(settings.env_id, **settings.kwargs(), **kwargs)
-    draw_road_faster(env)  # CarRacing: the same frames for less CPU
+    draw_faster(env)  # CarRacing: the same frames for less CPU
     kind = observation_kind(env.observation_space)
     if kind != IMAGE:
         asked = settings.image_options()
