@@ -67,25 +67,23 @@ class ActorCriticHeads(nn.Module):
 
     def evaluate(
         self, mean: torch.Tensor, value: torch.Tensor, action: torch.Tensor | None = None,
-        generator: torch.Generator | None = None, parts: list[tuple[int, torch.Generator | None]] | None = None,
+        generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(action, log-prob, entropy, value) from `outputs`; samples the action when ``action`` is None.
 
-        The action is the pre-tanh u (B, A) for Box actions, the index (B,) for discrete ones. ``parts``
-        (size, generator): the rows come in parts (groups acted for together), each sampled with its own
-        generator and scored, as it would be alone (`_evaluate_parts`)."""
-        if parts is not None:
-            return self._evaluate_parts(mean, value, parts)
+        The action is the pre-tanh u (B, A) for Box actions, the index (B,) for discrete ones."""
         dist = self.distribution(mean)
         if action is None:
             action = dist.sample(generator)
         return action, dist.log_prob(action), dist.entropy(), value
 
-    def _evaluate_parts(self, mean: torch.Tensor, value: torch.Tensor,
-                        parts: list[tuple[int, torch.Generator | None]]) -> tuple[torch.Tensor, ...]:
-        """`evaluate` of rows in consecutive parts: each part's draw its own call (torch fills a large normal
-        tensor block-wise, so a draw of the whole batch would give other numbers), and the scoring done on the
-        rows padded to a multiple of `SCORING_ROWS`, which gives a row the numbers it gets in any batch."""
+    def act(self, mean: torch.Tensor, parts: list[tuple[int, torch.Generator | None]]
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rollout's (action, log-prob) from the actor's output ``mean`` (`outputs`), its rows in consecutive
+        ``parts`` (size, generator: groups acted for together), each part's draw its own call (torch fills a large
+        normal tensor block-wise, so a draw of the whole batch would give other numbers) and the scoring done on
+        the rows padded to a multiple of `SCORING_ROWS`, which gives a row the numbers it gets in any batch: a
+        group's numbers are those it gets acting alone. (No entropy: acting does not use it.)"""
         sizes = [size for size, _ in parts]
         if sum(sizes) != len(mean):
             raise ValueError(f"parts of {sizes} rows for a batch of {len(mean)}")
@@ -96,8 +94,7 @@ class ActorCriticHeads(nn.Module):
         def pad(t: torch.Tensor) -> torch.Tensor:
             return torch.cat([t, t.new_zeros((padded - rows,) + tuple(t.shape[1:]))]) if padded > rows else t
 
-        dist = self.distribution(pad(mean))
-        return action, dist.log_prob(pad(action))[:rows], dist.entropy()[:rows], value
+        return action, self.distribution(pad(mean)).log_prob(pad(action))[:rows]
 
     def get_action_and_value(
         self, x: torch.Tensor, action: torch.Tensor | None = None, generator: torch.Generator | None = None,

@@ -203,13 +203,12 @@ class Learner:
             else:
                 with acting_threads(self.device, len(x)):
                     mean, value = self.acting.outputs(x)
-            # Each group's draw is its own call, as one group alone would make it (a draw of the whole batch
-            # at once would give other numbers: torch fills large normal tensors block-wise).
+            # Each group's draw is its own call, as it would be alone (`ActorCriticHeads.act`).
             parts = [(len(rows), self.step_generator(g, t) if order_free else self.generator)
                      for (g, t, _, _), rows in zip(steps, inputs)]
-            u, logprob, _, v = self.acting.evaluate(mean, value, parts=parts)
+            u, logprob = self.acting.act(mean, parts)
         self.rollouts.store(self.iteration, [(t, g) for g, t, _, _ in steps], x, self._acting_version(),
-                            actions=u, logprobs=logprob, values=v)
+                            actions=u, logprobs=logprob, values=value)
         wire = to_host(self.acting.wire_action(u))  # one copy for every group's actions
         if len(parts) == 1:
             return [({"action": wire}, {})]

@@ -82,7 +82,7 @@ def test_the_gaussian_heads_are_what_they_were():
 
 @pytest.mark.parametrize("discrete", [False, True], ids=["tanh-gaussian", "categorical"])
 def test_groups_acted_for_together_get_what_each_gets_alone(discrete):
-    """`evaluate` with ``parts``: a group's action, log-prob and entropy are those of the same group acting alone,
+    """`act` with ``parts``: a group's action and log-prob are those of the same group acting alone,
     whichever groups come with it. Wide means reach softplus's far ranges, where torch's SIMD and scalar loops
     give other last bits on some CPUs (the scoring is padded so that every row takes the SIMD path)."""
     heads = ActorCriticHeads(torch.nn.Identity(), feature_dim=8, action_dim=5 if discrete else 3,
@@ -91,14 +91,12 @@ def test_groups_acted_for_together_get_what_each_gets_alone(discrete):
     for trial in range(40):
         sizes = torch.randint(1, 5, (1 + trial % 13,), generator=source).tolist()
         means = [torch.randn(size, 5 if discrete else 3, generator=source) * 4 for size in sizes]
-        values = [torch.randn(size, generator=source) for size in sizes]
         seeds = torch.randint(0, 2**31, (len(sizes),), generator=source).tolist()
         with torch.no_grad():
-            together = heads.evaluate(torch.cat(means), torch.cat(values),
-                                      parts=[(size, torch.Generator().manual_seed(seed))
-                                             for size, seed in zip(sizes, seeds)])
-            alone = [heads.evaluate(mean, value, parts=[(size, torch.Generator().manual_seed(seed))])
-                     for mean, value, size, seed in zip(means, values, sizes, seeds)]
+            together = heads.act(torch.cat(means), [(size, torch.Generator().manual_seed(seed))
+                                                    for size, seed in zip(sizes, seeds)])
+            alone = [heads.act(mean, [(size, torch.Generator().manual_seed(seed))])
+                     for mean, size, seed in zip(means, sizes, seeds)]
         for got, want in zip(together, (torch.cat(column) for column in zip(*alone))):
             assert torch.equal(got, want), (sizes, got, want)
 
@@ -106,4 +104,4 @@ def test_groups_acted_for_together_get_what_each_gets_alone(discrete):
 def test_parts_must_cover_the_batch():
     heads = ActorCriticHeads(torch.nn.Identity(), feature_dim=8, action_dim=3)
     with pytest.raises(ValueError, match=r"parts of \[1, 1\] rows for a batch of 3"):
-        heads.evaluate(torch.zeros(3, 3), torch.zeros(3), parts=[(1, None), (1, None)])
+        heads.act(torch.zeros(3, 3), [(1, None), (1, None)])
