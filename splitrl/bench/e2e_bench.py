@@ -70,7 +70,8 @@ def run_e2e_bench(
 
 def _run_versions(versions: list[tuple[str, Path | None]], iterations: int, repeats: int, extra_args: Sequence[str],
                   timeout: float, out_dir: str | None) -> list[dict[str, Any]]:
-    base = Path(out_dir or tempfile.mkdtemp(prefix="splitrl-e2e-"))
+    # Absolute: a checked-out revision runs in its own tree (a relative --out would land there, and go with it).
+    base = Path(out_dir or tempfile.mkdtemp(prefix="splitrl-e2e-")).resolve()
     rows = []
     for repeat in range(repeats):
         modes = ("split", "twin") if repeat % 2 == 0 else ("twin", "split")

@@ -1,17 +1,20 @@
 import json
+from pathlib import Path
 
 import pytest
 
 from splitrl.bench.e2e_bench import format_e2e_table, history_table, run_e2e_bench
 
 
-def test_e2e_bench_runs_a_git_revision_beside_this_tree(tmp_path):
+def test_e2e_bench_runs_a_git_revision_beside_this_tree(tmp_path, monkeypatch):
     tiny = ["--total-steps", "32", "--num-steps", "32", "--epochs", "1", "--minibatches", "2", "--threads", "1"]
-    rows = run_e2e_bench(iterations=1, repeats=1, extra_args=tiny, out_dir=str(tmp_path), timeout=300, against="HEAD")
+    monkeypatch.chdir(tmp_path)  # --out relative to where the bench is started, for the revision's runs too
+    rows = run_e2e_bench(iterations=1, repeats=1, extra_args=tiny, out_dir="runs", timeout=300, against="HEAD")
     assert [(r["version"], r["mode"]) for r in rows] == [("this", "split"), ("HEAD", "split"), ("this", "twin"),
                                                          ("HEAD", "twin")]
     for row in rows:
         assert row["steps"] == 32 and row["SPS"] > 0 and row["seconds_per_iteration"] > 0
+        assert (tmp_path / "runs" / Path(row["run_dir"]).name / "metrics.jsonl").is_file()
     # Identical work in both modes of a version: the same bytes cross either link.
     for version in ("this", "HEAD"):
         split, twin = (r["bytes_per_iteration"] for r in rows if r["version"] == version)
