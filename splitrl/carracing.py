@@ -86,7 +86,9 @@ class _KeptFonts:
         return getattr(self._font, name)
 
     def Font(self, *args: Any) -> Any:  # noqa: N802 (pygame's name)
-        kept = self._kept.__dict__
+        kept = getattr(self._kept, "fonts", None)
+        if kept is None:
+            kept = self._kept.fonts = {}
         try:
             font = kept.get(args)
         except TypeError:  # arguments that are no key (a file object): a font of its own, as pygame gives
