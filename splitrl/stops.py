@@ -2,7 +2,8 @@
 
 Every `splitrl` command installs `install`. A stop signal raises KeyboardInterrupt in the main thread, between
 two bytecodes of whatever Python runs there, and a C extension that calls back into Python may clear it as any
-other error of the call: pygame's font, which CarRacing makes afresh for every frame it draws, resolves its
+other error of the call: pygame's font, which CarRacing opens to draw a frame (gymnasium's for every frame;
+`splitrl.carracing` keeps it open, and opens it again once pygame's font module was shut down), resolves its
 path through ``os.path`` and drops what that raised, so a Ctrl-C that lands there is lost and the stage steps on
 (tests/test_stops.py shows it). Calls into such code run under `kept`, which raises the stop again if it did not
 come out."""

@@ -5,6 +5,7 @@ import posixpath
 import signal
 
 import numpy as np
+import pygame
 import pytest
 
 from splitrl import stops
@@ -25,8 +26,11 @@ def handlers(monkeypatch):
 
 
 def _ctrl_c_inside_pygames_font(monkeypatch) -> list[str]:
-    """The next time pygame's font looks at its file's path (CarRacing makes the font for every frame), SIGINT
-    reaches this process: its handler runs inside that call back into Python. Returns the paths it was sent at."""
+    """The next time pygame's font looks at its file's path, SIGINT reaches this process: its handler runs inside
+    that call back into Python. Returns the paths it was sent at. The font module is shut down first, so that
+    the next frame opens the font again (`splitrl.carracing` keeps it open otherwise; gymnasium opens it for
+    every frame)."""
+    pygame.font.quit()
     real, sent = posixpath.isabs, []
 
     def isabs(path):
@@ -49,7 +53,7 @@ def test_a_ctrl_c_that_pygame_drops_still_stops_the_envs_step(handlers, monkeypa
         assert sent and stops.taken() == 1
 
         monkeypatch.setattr(stops, "_first_stop", None)  # the next signal is a stop of its own, not a repeat
-        sent.clear()
+        sent = _ctrl_c_inside_pygames_font(monkeypatch)
         with pytest.raises(KeyboardInterrupt):
             env.step(action)
         assert sent and stops.taken() == 2
