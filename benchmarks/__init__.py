@@ -6,8 +6,9 @@ with splitrl importable (installed, or ``PYTHONPATH=.`` from the repository's ro
 
 - `floor_rtt`: where a 16 KiB round trip's time goes between raw pyzmq and a transport that hands over tensors.
 - `rtt_breakdown`: one transport round trip taken apart (encode, send, wait, decode, the peer's turnaround).
-- `carracing_road`: CarRacing's env step with gymnasium's road pass and with `splitrl.carracing`'s, side by side
-  (the frames compared, each one's CPU a step).
+- `carracing_road`: CarRacing's env step as gymnasium draws it, with `splitrl.carracing`'s road pass alone, and
+  with its road pass and kept font, side by side (the frames compared, each one's CPU a step).
+- `grayscale`: gymnasium's grayscale of a CarRacing frame against `splitrl.grayscale`'s (the bytes compared).
 - `learners_bench`: the learners' all-reduce, timed in real gloo processes.
 - `async_probe`: the twin with its Edge and Learner watched, checking that what the asynchronous schedule
   trains on is what its envs and acting policies produced (run by tests/schedule/test_async_alignment.py);

@@ -17,6 +17,7 @@ from gymnasium.vector import AutoresetMode
 from . import stops
 from .allocator import keep_freed_memory
 from .carracing import draw_faster
+from .grayscale import faster_grayscale
 from .settings import VECTOR_MODES, EnvSettings, SettingsError
 
 __all__ = ["EnvSpec", "Replayable", "StepInTwo", "VECTOR_MODES", "choose_vector", "make_single_env", "make_vector_env", "to_env_action",
@@ -184,6 +185,7 @@ def make_single_env(settings: EnvSettings, render_mode: str | None = None) -> gy
         env = gym.wrappers.MaxAndSkipObservation(env, skip=settings.frame_skip)
     if grayscale:
         env = gym.wrappers.GrayscaleObservation(env, keep_dim=False)
+        faster_grayscale(env)  # the same bytes for less CPU
     if settings.resize:
         env = gym.wrappers.ResizeObservation(env, (settings.resize, settings.resize))
     if frame_stack > 1:
