@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from .carracing import CHECKED_GYMNASIUM
+__all__ = ["CHECKED_GYMNASIUM", "WEIGHTS", "faster_grayscale", "grayscale"]
 
-__all__ = ["WEIGHTS", "faster_grayscale", "grayscale"]
-
+CHECKED_GYMNASIUM = ("1.4.",)
+"""gymnasium releases whose `GrayscaleObservation` `grayscale` reproduces (prefixes of ``gymnasium.__version__``;
+checked on its own, as `splitrl.carracing`'s passes are)."""
 WEIGHTS = (0.2125, 0.7154, 0.0721)
 """gymnasium's luminance weights of red, green and blue (`GrayscaleObservation`, the releases checked)."""
 
