@@ -11,7 +11,8 @@ The layers, top to bottom (each imports only those below it; tests/test_layers.p
 - `stages`: what each side computes, with no link (`Edge` for stage0, `Learner` for stage1, the training
   exchanges);
 - `settings`, `models` (the network as named layers, cut anywhere its output is flat), `envs` (and `pick_by_cue`,
-  a tiny env of Dict observations it registers, and `carracing`, CarRacing's road drawn for less CPU);
+  a tiny env of Dict observations it registers, `carracing`, CarRacing's road and score drawn for less CPU, and
+  `grayscale`, gymnasium's grayscale frames for less CPU);
 - `codecs`, `ppo`, `transport`, `netem`;
 - `runs`, `checkpoints` (data only, read without running code), `launch`, `errors`, `units`, `devices` (where a
   stage computes, and the crossings between the wire's host memory and that device), `lazy` (a package's names

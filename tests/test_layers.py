@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("runner",),
     ("schedule",),
     ("stages",),
-    ("settings", "models", "envs", "pick_by_cue", "carracing"),
+    ("settings", "models", "envs", "pick_by_cue", "carracing", "grayscale"),
     ("codecs",),
     ("ppo",),
     ("transport",),
