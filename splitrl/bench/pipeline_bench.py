@@ -25,15 +25,16 @@ import logging
 import re
 import shlex
 import tempfile
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ContextManager, Hashable, Iterator, Sequence
 
 from ..launch import progress, run_local
 from ..netem.tc import Shaping
 from ..runs import is_twin, iteration_cpu, measured_records, read_metrics
 from ..summary import summarise_run
 
-__all__ = ["MODES", "parse_row", "run_pipeline_bench", "pipeline_rows", "pipeline_table"]
+__all__ = ["MODES", "parse_row", "run_pipeline_bench", "pipeline_rows", "pipeline_table", "PartsBeside"]
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +144,11 @@ def pipeline_rows(out_dir: str | Path, modes: Sequence[str] = tuple(MODES),
 def run_pipeline_bench(modes: Sequence[str] = tuple(MODES), rtts_ms: Sequence[float] = (0.0, 20.0),
                        iterations: int = 3, rate: str = "100mbit", extra_args: Sequence[str] = (),
                        out_dir: str | None = None, timeout: float = 7200.0,
-                       echo: Callable[[str], Any] | None = None) -> list[dict[str, Any]]:
+                       echo: Callable[[str], Any] | None = None,
+                       around: Callable[[float, str], ContextManager[Any]] | None = None) -> list[dict[str, Any]]:
     """One row per (round trip, mode), modes in order (each a mode of `MODES` and its own arguments if any:
-    `parse_row`); 0 ms over loopback, others in the lab."""
+    `parse_row`); 0 ms over loopback, others in the lab. ``around(rtt, mode)``: entered right before each row runs
+    and left right after (`PartsBeside.around`)."""
     echo = echo or log.info
     labels = list(dict.fromkeys(row_label(entry) for entry in modes))  # (and every row checked before any runs)
     if iterations < 1:
@@ -163,7 +166,7 @@ def run_pipeline_bench(modes: Sequence[str] = tuple(MODES), rtts_ms: Sequence[fl
             args = ["--total-steps", str(4096 * iterations), "--checkpoint-every", "0", *row_arguments(mode),
                     *extra_args]
             echo(f"{name}: {' '.join(args)}")
-            with progress(run_dir, iterations, name):
+            with around(rtt, mode) if around is not None else nullcontext(), progress(run_dir, iterations, name):
                 if rtt:
                     _run_in_lab(args, run_dir, rtt, rate, echo)
                 else:
@@ -180,7 +183,7 @@ def pipeline_table(rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None 
     ``floor`` (`splitrl.bench.floor_bench.measure_floor`, measured in the same run): 'x floor', each row's
     seconds over the floor on the machine's cores, and 'CPU over parts' and 'x parts', its CPU seconds beyond and
     over the parts' as the row computes them: a row's own ``parts`` where it has them (its options and threads),
-    else ``parts``, else ``floor``'s."""
+    else ``parts``, else ``floor``'s. A row's own ``floor`` (`PartsBeside`), where it has one, stands for ``floor``."""
     sync = {r["rtt_ms"]: r["steps_per_second"] for r in rows if r["mode"] == "sync"}
     zero = {r["mode"]: r["seconds_per_iteration"] for r in rows if r["rtt_ms"] == 0}
     lines = [
@@ -202,7 +205,8 @@ def pipeline_table(rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None 
             f"| {r['rtt_ms']:g} ms | {r['mode']} | {r['seconds_per_iteration']:.1f} | {r['steps_per_second']:.1f} "
             f"| {ratio} | {versus} | {r['busy_stage0']:.2f} | {stage1} | {envs} | {cpu} | {r['link_wait']:.1f} "
             f"| {r['bytes_per_iteration'] / 1e6:.0f} | {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} | {rtt} |"
-            + (_against_floor(r, floor, r.get("parts") or parts or floor) if floor else "")
+            + (_against_floor(r, r.get("floor") or floor, r.get("parts") or parts or r.get("floor") or floor)
+               if floor else "")
         )
     return "\n".join(lines)
 
@@ -212,3 +216,44 @@ def _against_floor(row: dict[str, Any], floor: dict[str, Any], parts: dict[str, 
     over = "" if cpu is None else f"{cpu - parts['total']:+.1f}"
     times = "" if cpu is None else f"{cpu / parts['total']:.2f}x"
     return f" {row['seconds_per_iteration'] / floor['floor']:.2f}x | {over} | {times} |"
+
+
+class PartsBeside:
+    """The parts of an iteration timed beside each row of a bench rather than once before all rows and once after
+    them: within one bench the machine's speed moved by 12 % (docs/benchmarks/floor.md, "Five iterations a row"),
+    which sets an early row against parts faster than it ran with, a late one against slower ones.
+
+    Each kind of parts a row needs (``needs(mode)``: the floor's, and the row's own where it computes them
+    otherwise) is timed right before the row and right after it, and the row is set against their mean
+    (`splitrl.bench.floor_bench.bracketed`). What was timed right after one row is right before the next: a kind
+    both need is timed once between them. ``measure(kind)``: one timing (`measure_floor`)."""
+
+    def __init__(self, measure: Callable[[Hashable], dict[str, Any]], needs: Callable[[str], Sequence[Hashable]]
+                 ) -> None:
+        self.measure, self.needs = measure, needs
+        self.rows: dict[tuple[float, str], dict[Hashable, dict[str, Any]]] = {}
+        """Each row's (round trip, mode) parts, by kind."""
+        self.timings: list[tuple[str, Hashable, float]] = []
+        """Every timing in order: (where: 'before ROW' or 'after ROW', kind, the parts' total CPU seconds)."""
+        self._since_last_row: dict[Hashable, dict[str, Any]] = {}  # the timings taken right after the last row
+
+    @contextmanager
+    def around(self, rtt: float, mode: str) -> Iterator[None]:
+        from .floor_bench import bracketed
+
+        name = f"{rtt:g} ms {mode}"
+        before = {}
+        for kind in dict.fromkeys(self.needs(mode)):
+            if kind in self._since_last_row:
+                before[kind] = self._since_last_row[kind]
+            else:
+                before[kind] = self._timed(f"before {name}", kind)
+        self._since_last_row = {}
+        yield
+        self._since_last_row = {kind: self._timed(f"after {name}", kind) for kind in before}
+        self.rows[(rtt, mode)] = {kind: bracketed(before[kind], self._since_last_row[kind]) for kind in before}
+
+    def _timed(self, where: str, kind: Hashable) -> dict[str, Any]:
+        parts = self.measure(kind)
+        self.timings.append((where, kind, parts["total"]))
+        return parts

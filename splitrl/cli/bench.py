@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from typing import Any
 from pathlib import Path
 
 import click
@@ -189,9 +190,12 @@ def bench_e2e(iterations: int, repeats: int, out_dir: str | None, json_path: str
 @click.option("--table-only", is_flag=True, help="only print the table of the runs already in --out (all modes and "
                                                   "round trips found there, and the rows --modes names)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the rows as JSON")
+@click.option("--parts-beside", is_flag=True,
+              help="time the parts right before and right after each row, and set each row against those beside it "
+                   "(the machine's speed moves within a bench), instead of once before all rows and once after")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: str | None, table_only: bool,
-                   json_path: str | None, extra: tuple[str, ...]) -> None:
+                   json_path: str | None, parts_beside: bool, extra: tuple[str, ...]) -> None:
     """The paper configuration under each schedule, side by side, at each round trip.
 
     Columns: s/iteration, steps/s, each stage's and the env workers' busy fraction (CPU s / wall s), the CPU
@@ -202,11 +206,23 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
     otherwise (--channels-last, --fused-adam, more than one intra-op thread) have those parts measured too, as
     they compute them, and their 'CPU over parts' and 'x parts' are over those.
     """
-    from ..bench.pipeline_bench import MODES, pipeline_rows, pipeline_table, row_arguments, row_label, \
+    from ..bench.pipeline_bench import MODES, PartsBeside, pipeline_rows, pipeline_table, row_arguments, row_label, \
         run_pipeline_bench
 
     entries = [m.strip() for m in modes.split(",") if m.strip()]
     labels = run_cli(lambda: [row_label(entry) for entry in entries])  # every row checked before any runs
+
+    from ..bench.floor_bench import bracketed, floor_table, measure_floor
+
+    eager = (False, False, 1)  # the floor: the paper's kernels on one thread
+    keys = {label: _parts_key((*row_arguments(label), *extra)) for label in labels}  # (and EXTRA checked)
+    wanted = list(dict.fromkeys([eager, *keys.values()]))
+
+    def timed(key: tuple) -> dict:
+        return run_cli(lambda: measure_floor(TrainSettings(ppo=PPOSettings(fused_adam=key[0])), channels_last=key[1],
+                                             threads=key[2]))
+
+    beside = PartsBeside(timed, lambda mode: [eager, keys[mode]]) if parts_beside and not table_only else None
 
     def go() -> list:
         rtt_list = [float(x) for x in rtts.split(",") if x.strip()]
@@ -215,20 +231,22 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
                 raise SettingsError("--table-only reads the runs in --out: give --out")
             return pipeline_rows(out_dir, [*MODES, *labels], sorted({0.0, 20.0, *rtt_list}))
         return run_pipeline_bench(labels, rtt_list, iterations=iterations, rate=rate, extra_args=extra,
-                                  out_dir=out_dir, echo=lambda line: click.echo(line, err=True))
-
-    from ..bench.floor_bench import bracketed, floor_table, measure_floor
-
-    eager = (False, False, 1)  # the floor: the paper's kernels on one thread
-    keys = {label: _parts_key((*row_arguments(label), *extra)) for label in labels}  # (and EXTRA checked)
-    wanted = list(dict.fromkeys([eager, *keys.values()]))
+                                  out_dir=out_dir, echo=lambda line: click.echo(line, err=True),
+                                  around=None if beside is None else beside.around)
 
     def measured() -> dict[tuple, dict]:
         """The parts alone: the floor's, and each of the rows' own where they compute them otherwise."""
-        return {key: run_cli(lambda key=key: measure_floor(TrainSettings(ppo=PPOSettings(fused_adam=key[0])),
-                                                           channels_last=key[1], threads=key[2]))
-                for key in wanted}
+        return {key: timed(key) for key in wanted}
 
+    if beside is not None:
+        rows = run_cli(go)
+        rows = [dict(row, floor=beside.rows[(row["rtt_ms"], row["mode"])][eager],
+                     **({"parts": beside.rows[(row["rtt_ms"], row["mode"])][keys[row["mode"]]]}
+                        if keys[row["mode"]] != eager else {})) for row in rows]
+        click.echo(_beside_table(beside, eager) + "\n")
+        click.echo(pipeline_table(rows, rows[0]["floor"] if rows else None))
+        _write_json(json_path, rows)
+        return
     # The parts alone, in the same run as the rows they are the floor of: before and after them, so that a
     # machine whose speed moves during the runs moves the floor with it (the mean of the two).
     before = None if table_only else measured()
@@ -246,6 +264,16 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
                                           != eager else {})) for row in rows]
     click.echo(pipeline_table(rows, floor))
     _write_json(json_path, rows)
+
+
+def _beside_table(beside: Any, eager: tuple[bool, bool, int]) -> str:
+    """Markdown: every timing of the parts beside the rows (a `splitrl.bench.pipeline_bench.PartsBeside`'s), in
+    order."""
+    lines = ["The parts timed beside each row, in order (CPU s an iteration, all parts):", "",
+             "| when | parts | CPU s |", "|---|---|---:|"]
+    lines += [f"| {where} | {'the floor (eager, one thread)' if kind == eager else _parts_name(kind)} | {total:.2f} |"
+              for where, kind, total in beside.timings]
+    return "\n".join(lines)
 
 
 def _parts_key(args: tuple[str, ...]) -> tuple[bool, bool, int]:

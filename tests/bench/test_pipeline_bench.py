@@ -121,3 +121,76 @@ def test_the_twin_runs_in_one_process_at_no_round_trip_and_its_cpu_counts_once(t
     ran.clear()
     run_pipeline_bench(["twin", "sync"], [20.0], out_dir=str(tmp_path / "rtt"))
     assert ran == [("lab", "20ms-sync")]
+
+
+def _fake_runs(monkeypatch, ran):
+    """`run_local` writing three iterations of a run, and recording each row as it runs."""
+    from splitrl.bench import pipeline_bench
+
+    def run_local(args, run_dir, timeout, command="run"):
+        ran.append(("row", Path(run_dir).name))
+        _run(Path(run_dir), [10.0, 10.0, 10.0], 1.5, 1.5, envs=0.0)
+        for name in ["config.json"] if command == "train" else ["config-stage0.json", "config-stage1.json"]:
+            (Path(run_dir) / name).write_text('{"settings": {}}')
+
+    monkeypatch.setattr(pipeline_bench, "run_local", run_local)
+
+
+def _parts(total):
+    """`measure_floor`'s dict for parts that add up to ``total`` CPU seconds."""
+    from splitrl.bench.floor_bench import PARTS, _implied
+
+    return _implied({part: total / len(PARTS) for part in PARTS}, 2, 4096, False)
+
+
+def test_parts_beside_each_row_are_timed_right_before_and_after_it_and_shared_between_neighbours(tmp_path,
+                                                                                                 monkeypatch):
+    from splitrl.bench.pipeline_bench import PartsBeside
+
+    ran = []
+    _fake_runs(monkeypatch, ran)
+    clock = iter(range(100))  # each timing's total: the machine slows down as the bench goes on
+
+    def measure(kind):
+        total = 60.0 + next(clock)
+        ran.append(("parts", kind, total))
+        return _parts(total)
+
+    needs = {"sync": ["floor", "two threads"], "sync --threads 1": ["floor"],
+             "+ micro-batches at once --channels-last": ["floor", "channels-last"]}
+    beside = PartsBeside(measure, needs.__getitem__)
+    run_pipeline_bench(list(needs), [0.0], out_dir=str(tmp_path), around=beside.around)
+    assert ran == [("parts", "floor", 60.0), ("parts", "two threads", 61.0), ("row", "0ms-sync"),
+                   ("parts", "floor", 62.0), ("parts", "two threads", 63.0),
+                   ("row", "0ms-sync-threads-1"),  # the floor timed after sync is the one before it
+                   ("parts", "floor", 64.0),
+                   ("parts", "channels-last", 65.0),  # a kind the row before did not need: timed right before
+                   ("row", "0ms-micro-batches-at-once-channels-last"),
+                   ("parts", "floor", 66.0), ("parts", "channels-last", 67.0)]
+    rows = beside.rows
+    assert rows[(0.0, "sync")]["floor"]["total"] == pytest.approx(61.0)  # (60 + 62) / 2
+    assert rows[(0.0, "sync")]["two threads"]["bracket"] == [61.0, 63.0]
+    assert rows[(0.0, "sync --threads 1")]["floor"]["bracket"] == [62.0, 64.0]
+    assert rows[(0.0, "+ micro-batches at once --channels-last")]["channels-last"]["bracket"] == [65.0, 67.0]
+    assert [where for where, _, _ in beside.timings][:3] == ["before 0 ms sync", "before 0 ms sync",
+                                                             "after 0 ms sync"]
+
+
+def test_parts_beside_set_each_row_against_its_own_floor(tmp_path, monkeypatch):
+    from splitrl.bench import floor_bench
+
+    ran = []
+    _fake_runs(monkeypatch, ran)
+    totals = iter([20.0, 40.0, 60.0, 80.0])  # before twin, after twin (before sync), after sync; one kind each
+    monkeypatch.setattr(floor_bench, "measure_floor", lambda settings, channels_last=False, threads=1:
+                        _parts(next(totals)))
+    out = splitrl_here("bench", "pipeline", "--modes", "twin --threads 1,sync --threads 1", "--rtt", "0",
+                       "--out", str(tmp_path / "runs"), "--json", str(tmp_path / "rows.json"), "--parts-beside")
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [row["floor"]["bracket"] for row in rows] == [[20.0, 40.0], [40.0, 60.0]]
+    assert "parts" not in rows[0]  # the floor's own kind: no other parts
+    lines = [line for line in out.output.splitlines() if line.startswith("| 0 ms")]
+    # 10 s an iteration against floors of 15 and 25 s on two cores; 30 CPU-s (sync) against 30 and 50
+    assert lines[0].endswith(" 0.67x | -15.0 | 0.50x |") and lines[1].endswith(" 0.40x | -20.0 | 0.60x |")
+    assert "| before 0 ms twin --threads 1 | the floor (eager, one thread) | 20.00 |" in out.output
+    assert next(totals) == 80.0  # three timings, not four: the one after the twin is the one before sync
