@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -204,7 +204,8 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
     Before and after the rows, the parts of an iteration alone (`splitrl bench floor`, the paper's eager kernels
     on one thread; the mean of the two): 'x floor' is each row over their floor. Rows that compute their parts
     otherwise (--channels-last, --fused-adam, more than one intra-op thread) have those parts measured too, as
-    they compute them, and their 'CPU over parts' and 'x parts' are over those.
+    they compute them, and their 'CPU over parts' and 'x parts' are over those. With --parts-beside, the parts
+    each row needs are timed right before and right after it, and the row is set against those two.
     """
     from ..bench.pipeline_bench import MODES, PartsBeside, pipeline_rows, pipeline_table, row_arguments, row_label, \
         run_pipeline_bench
