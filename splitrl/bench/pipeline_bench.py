@@ -242,12 +242,9 @@ class PartsBeside:
         from .floor_bench import bracketed
 
         name = f"{rtt:g} ms {mode}"
-        before = {}
-        for kind in dict.fromkeys(self.needs(mode)):
-            if kind in self._since_last_row:
-                before[kind] = self._since_last_row[kind]
-            else:
-                before[kind] = self._timed(f"before {name}", kind)
+        last = self._since_last_row
+        before = {kind: last[kind] if kind in last else self._timed(f"before {name}", kind)
+                  for kind in dict.fromkeys(self.needs(mode))}
         self._since_last_row = {}
         yield
         self._since_last_row = {kind: self._timed(f"after {name}", kind) for kind in before}

@@ -239,30 +239,26 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
         """The parts alone: the floor's, and each of the rows' own where they compute them otherwise."""
         return {key: timed(key) for key in wanted}
 
-    if beside is not None:
-        rows = run_cli(go)
-        rows = [dict(row, floor=beside.rows[(row["rtt_ms"], row["mode"])][eager],
-                     **({"parts": beside.rows[(row["rtt_ms"], row["mode"])][keys[row["mode"]]]}
-                        if keys[row["mode"]] != eager else {})) for row in rows]
-        click.echo(_beside_table(beside, eager) + "\n")
-        click.echo(pipeline_table(rows, rows[0]["floor"] if rows else None))
-        _write_json(json_path, rows)
-        return
-    # The parts alone, in the same run as the rows they are the floor of: before and after them, so that a
-    # machine whose speed moves during the runs moves the floor with it (the mean of the two).
-    before = None if table_only else measured()
+    # The parts alone, in the same run as the rows they are the floor of: before and after them (or, with
+    # --parts-beside, beside each row), so that a machine whose speed moves during the runs moves the floor with it.
+    before = None if table_only or beside is not None else measured()
     rows = run_cli(go)
     floor = None
-    if before is not None:
+    if beside is not None:
+        click.echo(_beside_table(beside, eager) + "\n")
+        row_parts = [beside.rows[(row["rtt_ms"], row["mode"])] for row in rows]
+    elif before is not None:
         after = measured()
         parts = {key: bracketed(before[key], after[key]) for key in wanted}
-        floor = parts[eager]
-        click.echo(floor_table(floor) + "\n")
+        click.echo(floor_table(parts[eager]) + "\n")
         for key in wanted[1:]:  # the rows' own parts too: their CPU over the parts is over these
             click.echo(f"The parts {_parts_name(key)}, as the rows with them compute them:\n\n"
                        + floor_table(parts[key]) + "\n")
-        rows = [dict(row, floor=floor, **({"parts": parts[keys[row["mode"]]]} if keys.get(row["mode"], eager)
-                                          != eager else {})) for row in rows]
+        row_parts = [parts] * len(rows)
+    if beside is not None or before is not None:  # each row: its floor, and its own parts where they differ
+        rows = [dict(row, floor=by_kind[eager], **({"parts": by_kind[keys[row["mode"]]]} if keys[row["mode"]] != eager
+                                                   else {})) for row, by_kind in zip(rows, row_parts)]
+        floor = rows[0]["floor"] if rows else None
     click.echo(pipeline_table(rows, floor))
     _write_json(json_path, rows)
 
