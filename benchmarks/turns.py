@@ -1,16 +1,24 @@
 """What taking turns between two processes costs a synchronous rollout, with nothing else around it.
 
-    python benchmarks/turns.py --steps 1024 --rounds 3
+    python benchmarks/turns.py --steps 1024 --rounds 3 [--links pipe,zmq,splitrl]
 
 The synchronous split's rollout is one env stepped by stage0, the encoder's forward on its observation, the
 features to stage1, the heads' forward and draw there, the action back: 4,096 round trips an iteration, each side
 asleep while the other works. `splitrl bench floor` times these parts in one process, one after the other
 (``one process``). Here the same parts (the paper's env pipeline and networks, one intra-op thread a process) also
-run in two processes that take turns at every step through a pipe, raw bytes each way and nothing else: no
-framing, checks, storage or codec (``two processes``). The two settings alternate for ``--rounds`` rounds. Printed
-per setting, in microseconds a step: each part's thread CPU, the processes' CPU in all, and the rest (``turns``:
-the pipe's system calls, sleeping and waking, and whatever each part costs more for having slept). The split's
-rollout costs what this does, plus what splitrl adds around the parts (`docs/benchmarks/floor.md`).
+run in two processes that take turns at every step over a link (``two processes``), one of ``--links``:
+
+- ``pipe``: a pipe, raw bytes each way and nothing else (no framing, checks, storage or codec);
+- ``zmq``: a ZeroMQ PUSH/PULL pair over TCP loopback, as the split's, raw bytes each way (a short header frame
+  and the tensor's bytes, copied into a tensor as received);
+- ``splitrl``: splitrl's own link (`ZmqTransport` over TCP loopback), each step a wire message as the synchronous
+  split sends it (the features and the env's reward and flags; the action back), framed, checked and decoded.
+
+The settings alternate for ``--rounds`` rounds. Printed per setting, in microseconds a step: each part's thread
+CPU, the processes' CPU in all, and the rest (``turns``: the link's calls, sleeping and waking, and whatever each
+part costs more for having slept). Between the links, the difference in ``turns`` is what each layer costs a
+step: ZeroMQ's over a pipe, splitrl's framing and checks over ZeroMQ's. The split's rollout costs what the last
+does, plus what splitrl adds around the parts (the steps' storage and bookkeeping; `docs/benchmarks/floor.md`).
 """
 
 from __future__ import annotations
@@ -21,8 +29,65 @@ import os
 import time
 
 PARTS = ("env", "encoder", "heads")
+LINKS = ("pipe", "zmq", "splitrl")
 START = b"start"
 """The edge's word that its warm-up is over (features are thousands of bytes; an empty message stops the heads)."""
+HOST = "tcp://127.0.0.1"
+
+
+class _Pipe:
+    """A `multiprocessing` pipe's end: raw bytes."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+
+    def send(self, data: bytes) -> None:
+        self.conn.send_bytes(data)
+
+    def recv(self) -> bytes:
+        return self.conn.recv_bytes()
+
+
+class _Zmq:
+    """A ZeroMQ PUSH/PULL pair over TCP loopback: a 16-byte header frame, then the bytes (what a message of one
+    tensor costs the sockets); the heads' side binds (``ports`` None) and reports its two ports."""
+
+    HEADER = bytes(16)
+
+    def __init__(self, ports, report=None) -> None:
+        import zmq
+
+        self.zmq = zmq
+        self.ctx = zmq.Context()
+        self.pull, self.push = self.ctx.socket(zmq.PULL), self.ctx.socket(zmq.PUSH)
+        for sock in (self.pull, self.push):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVTIMEO, 60_000)  # no receive waits forever
+        if ports is None:
+            report.put((self.pull.bind_to_random_port(HOST), self.push.bind_to_random_port(HOST)))
+        else:
+            self.push.connect(f"{HOST}:{ports[0]}")
+            self.pull.connect(f"{HOST}:{ports[1]}")
+
+    def send(self, data: bytes) -> None:
+        self.push.send(self.HEADER, self.zmq.SNDMORE)
+        self.push.send(data)
+
+    def recv(self) -> bytes:
+        return self.pull.recv_multipart()[-1]
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+
+
+def _splitrl(endpoint, report=None):
+    """splitrl's link: a `ZmqTransport` (the heads' side binds, ``endpoint`` None, and reports where)."""
+    from splitrl.transport import ZmqTransport
+
+    link = ZmqTransport(endpoint or f"{HOST}:0", bind=endpoint is None, timeout=60.0)
+    if report is not None:
+        report.put(link.endpoint)
+    return link
 
 
 def _build():
@@ -40,15 +105,21 @@ def _build():
     return (settings, spec, *agent(settings, spec))
 
 
-def _edge(conn, steps: int, out) -> None:
-    """The env and the encoder; the heads in this process (``conn`` None) or across the pipe."""
+def _edge(link: str | None, peer, steps: int, out) -> None:
+    """The env and the encoder; the heads in this process (``link`` None) or across a link of `LINKS` to the
+    heads' process (``peer``: the pipe's end, or where the heads' side listens)."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `python -m splitrl` runs, before torch loads
-    import numpy as np
     import torch
 
+    from splitrl.schedule.common import expect
     from splitrl.stages.env_groups import training_envs
 
     settings, spec, encoder, heads = _build()
+    conn = None if link is None else _Pipe(peer) if link == "pipe" else _Zmq(peer) if link == "zmq" else None
+    transport = _splitrl(peer) if link == "splitrl" else None
+    outcome = {"reward": torch.zeros(1), "terminated": torch.zeros(1, dtype=torch.bool),
+               "truncated": torch.zeros(1, dtype=torch.bool)}
+    sent = 0
     envs, _ = training_envs(settings)
     stacked = settings.env.image_pipeline[1] > 1
     generator = torch.Generator().manual_seed(settings.seed)
@@ -56,29 +127,40 @@ def _edge(conn, steps: int, out) -> None:
     seconds = dict.fromkeys(PARTS, 0.0)
 
     def step() -> None:
-        nonlocal obs
+        nonlocal obs, outcome, sent
         clock = time.thread_time()
         x = torch.as_tensor(spec.rows(obs, stacked))
         with torch.no_grad():
             features = encoder(x)
             now = time.thread_time()
             seconds["encoder"] += now - clock
-            if conn is None:
+            if transport is not None:  # the step as the synchronous split sends it, and its action back
+                transport.send("step", {"features": features, **outcome}, {"t": sent})
+                action = expect(transport, "action", t=sent).tensors["action"]
+                sent += 1
+                clock = time.thread_time()
+            elif conn is not None:
+                conn.send(features.numpy().tobytes())
+                action = torch.frombuffer(bytearray(conn.recv()), dtype=torch.float32).view(1, -1)
+                clock = time.thread_time()
+            else:
                 action = heads.evaluate(*heads.outputs(features), generator=generator)[0]
                 clock = time.thread_time()
                 seconds["heads"] += clock - now
-            else:
-                conn.send_bytes(features.numpy().tobytes())
-                action = torch.frombuffer(bytearray(conn.recv_bytes()), dtype=torch.float32).view(1, -1)
-                clock = time.thread_time()
-        obs, *_ = envs.step(spec.env_action(action.numpy(), settings.env.action_map))
+        obs, reward, terminated, truncated, _ = envs.step(spec.env_action(action.numpy(), settings.env.action_map))
         seconds["env"] += time.thread_time() - clock
+        if transport is not None:  # what the next step carries, as tensors (the split's edge keeps them so too)
+            outcome = {"reward": torch.from_numpy(reward.astype("float32")),
+                       "terminated": torch.from_numpy(terminated), "truncated": torch.from_numpy(truncated)}
 
     for _ in range(8):  # warm-up: allocations, oneDNN's primitives
         step()
     if conn is not None:  # both sides' clocks start here
-        conn.send_bytes(START)
-        conn.recv_bytes()
+        conn.send(START)
+        conn.recv()
+    elif transport is not None:
+        transport.send("start")
+        expect(transport, "start")
     seconds.update(dict.fromkeys(PARTS, 0.0))
     cpu, wall = time.process_time(), time.perf_counter()
     for _ in range(steps):
@@ -86,49 +168,89 @@ def _edge(conn, steps: int, out) -> None:
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     envs.close()
     if conn is not None:
-        conn.send_bytes(b"")  # the heads' side stops
+        conn.send(b"")  # the heads' side stops
+    elif transport is not None:
+        transport.send("close")
+        transport.close()
     out.put(("edge", cpu, wall, seconds))
 
 
-def _heads(conn, out) -> None:
-    """The heads' forward and draw for each features that come, the action back, until an empty message."""
+def _heads(link: str, peer, out, report) -> None:
+    """The heads' forward and draw for each features that come, the action back, until the edge says stop (an
+    empty message; ``close`` on splitrl's link)."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
     settings, _, _, heads = _build()
     generator = torch.Generator().manual_seed(settings.seed)
+    if link == "splitrl":
+        _heads_on_splitrl(_splitrl(None, report), heads, generator, out)
+        return
+    conn = _Pipe(peer) if link == "pipe" else _Zmq(None, report)
     seconds, cpu = 0.0, time.process_time()
     while True:
-        data = conn.recv_bytes()
+        data = conn.recv()
         if not data:
             break
         if data == START:  # the edge's warm-up is over
             seconds, cpu = 0.0, time.process_time()
-            conn.send_bytes(START)
+            conn.send(START)
             continue
         clock = time.thread_time()
         with torch.no_grad():
             features = torch.frombuffer(bytearray(data), dtype=torch.float32).view(1, -1)
             action = heads.evaluate(*heads.outputs(features), generator=generator)[0]
         seconds += time.thread_time() - clock
-        conn.send_bytes(action.numpy().tobytes())
+        conn.send(action.numpy().tobytes())
     out.put(("heads", time.process_time() - cpu, 0.0, {"heads": seconds}))
 
 
-def measure(steps: int, two: bool) -> dict[str, float]:
-    """One setting: CPU seconds by part, the processes' CPU in all and the edge's wall seconds over ``steps``."""
+def _heads_on_splitrl(transport, heads, generator, out) -> None:
+    """`_heads` over splitrl's link: each ``step`` message decoded and checked as the split's stage1 receives it
+    (its features the heads' input), the action sent back as an ``action`` message."""
+    import torch
+
+    seconds, cpu = 0.0, time.process_time()
+    while True:
+        msg = transport.recv()
+        if msg.kind == "close":
+            break
+        if msg.kind == "start":
+            seconds, cpu = 0.0, time.process_time()
+            transport.send("start")
+            continue
+        clock = time.thread_time()
+        with torch.no_grad():
+            action = heads.evaluate(*heads.outputs(msg.tensors["features"]), generator=generator)[0]
+        seconds += time.thread_time() - clock
+        transport.send("action", {"action": action}, {"t": msg.header["t"]})
+    out.put(("heads", time.process_time() - cpu, 0.0, {"heads": seconds}))
+    transport.close()
+
+
+def measure(steps: int, link: str | None) -> dict[str, float]:
+    """One setting: CPU seconds by part, the processes' CPU in all and the edge's wall seconds over ``steps``; the
+    heads in the edge's process (``link`` None) or in their own across a link of `LINKS`."""
     ctx = mp.get_context("spawn")  # fresh interpreters with one intra-op thread each
-    results = ctx.Queue()
-    if two:
-        a, b = ctx.Pipe()
-        sides = [ctx.Process(target=_edge, args=(a, steps, results)), ctx.Process(target=_heads, args=(b, results))]
-    else:
-        sides = [ctx.Process(target=_edge, args=(None, steps, results))]
-    for p in sides:
-        p.start()
-    got = [results.get(timeout=900) for _ in sides]
-    for p in sides:
-        p.join(timeout=60)
+    results, report = ctx.Queue(), ctx.Queue()
+    sides = []
+    try:
+        if link is None:
+            sides.append(ctx.Process(target=_edge, args=(None, None, steps, results)))
+            sides[0].start()
+        else:
+            a, b = ctx.Pipe() if link == "pipe" else (None, None)
+            sides.append(ctx.Process(target=_heads, args=(link, b, results, report)))
+            sides[0].start()
+            peer = a if link == "pipe" else report.get(timeout=300)  # where the heads' side listens
+            sides.append(ctx.Process(target=_edge, args=(link, peer, steps, results)))
+            sides[1].start()
+        got = [results.get(timeout=900) for _ in sides]
+    finally:
+        for p in sides:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
     parts = dict.fromkeys(PARTS, 0.0)
     cpu = wall = 0.0
     for role, role_cpu, role_wall, seconds in got:
@@ -143,14 +265,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--links", default="pipe", help=f"comma-separated, of {', '.join(LINKS)}")
     args = parser.parse_args()
+    links = args.links.split(",")
+    if not links or any(link not in LINKS for link in links):
+        parser.error(f"--links: each of {', '.join(LINKS)}, got {args.links!r}")
+    settings = [("one process", None), *((f"two processes, {link}", link) for link in links)]
     us = 1e6 / args.steps
     print(f"{args.steps} env steps a setting, one intra-op thread a process; microseconds a step")
     print("| setting | env | encoder | heads | parts | CPU in all | turns | wall |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in range(args.rounds):
-        for name, two in (("one process", False), ("two processes", True))[:: 1 if r % 2 == 0 else -1]:
-            m = measure(args.steps, two)
+        for name, link in settings[:: 1 if r % 2 == 0 else -1]:
+            m = measure(args.steps, link)
             parts = sum(m[p] for p in PARTS)
             print(f"| {name} | {m['env'] * us:.0f} | {m['encoder'] * us:.0f} | {m['heads'] * us:.0f} | "
                   f"{parts * us:.0f} | {m['cpu'] * us:.0f} | {(m['cpu'] - parts) * us:.0f} | {m['wall'] * us:.0f} |",

@@ -1,4 +1,5 @@
-"""benchmarks/turns.py: the rollout's parts in one process and in two that take turns through a pipe."""
+"""benchmarks/turns.py: the rollout's parts in one process and in two that take turns over a pipe, raw ZeroMQ
+and splitrl's own link."""
 
 from __future__ import annotations
 
@@ -6,15 +7,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[2]
 
-def test_both_settings_time_the_same_parts_and_the_turns_are_what_is_left():
-    out = subprocess.run([sys.executable, "benchmarks/turns.py", "--steps", "4", "--rounds", "1"],
-                         capture_output=True, text=True, timeout=600, check=True,
-                         cwd=Path(__file__).resolve().parents[2]).stdout
+
+def test_every_setting_times_the_same_parts_and_the_turns_are_what_is_left():
+    out = subprocess.run([sys.executable, "benchmarks/turns.py", "--steps", "4", "--rounds", "1",
+                          "--links", "pipe,zmq,splitrl"], capture_output=True, text=True, timeout=600, check=True,
+                         cwd=ROOT).stdout
     rows = {line.split(" | ")[0][2:]: [float(cell) for cell in line.rstrip(" |").split(" | ")[1:]]
             for line in out.splitlines() if line.startswith("| one") or line.startswith("| two")}
-    assert set(rows) == {"one process", "two processes"}
+    assert set(rows) == {"one process", "two processes, pipe", "two processes, zmq", "two processes, splitrl"}
     for env, encoder, heads, parts, cpu, turns, wall in rows.values():
-        assert min(env, encoder, heads) > 0  # each part timed on its side, the heads' across the pipe too
+        assert min(env, encoder, heads) > 0  # each part timed on its side, the heads' across the link too
         assert abs(env + encoder + heads - parts) <= 2 and abs(cpu - parts - turns) <= 2  # (rounded)
         assert wall > 0
+
+
+def test_an_unknown_link_is_refused_by_name():
+    out = subprocess.run([sys.executable, "benchmarks/turns.py", "--links", "pipe,carrier-pigeon"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 2 and "--links: each of pipe, zmq, splitrl, got 'pipe,carrier-pigeon'" in out.stderr
