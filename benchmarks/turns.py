@@ -47,6 +47,9 @@ class _Pipe:
     def recv(self) -> bytes:
         return self.conn.recv_bytes()
 
+    def close(self) -> None:
+        self.conn.close()
+
 
 class _Zmq:
     """A ZeroMQ PUSH/PULL pair over TCP loopback: a 16-byte header frame, then the bytes (what a message of one
@@ -60,9 +63,7 @@ class _Zmq:
         self.zmq = zmq
         self.ctx = zmq.Context()
         self.pull, self.push = self.ctx.socket(zmq.PULL), self.ctx.socket(zmq.PUSH)
-        for sock in (self.pull, self.push):
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.RCVTIMEO, 60_000)  # no receive waits forever
+        self.pull.setsockopt(zmq.RCVTIMEO, 60_000)  # no receive waits forever
         if ports is None:
             report.put((self.pull.bind_to_random_port(HOST), self.push.bind_to_random_port(HOST)))
         else:
@@ -77,7 +78,7 @@ class _Zmq:
         return self.pull.recv_multipart()[-1]
 
     def close(self) -> None:
-        self.ctx.destroy(linger=0)
+        self.ctx.destroy(linger=5000)  # the last message (the stop) still goes out; at most 5 s
 
 
 def _splitrl(endpoint, report=None):
@@ -169,6 +170,7 @@ def _edge(link: str | None, peer, steps: int, out) -> None:
     envs.close()
     if conn is not None:
         conn.send(b"")  # the heads' side stops
+        conn.close()
     elif transport is not None:
         transport.send("close")
         transport.close()
@@ -203,6 +205,7 @@ def _heads(link: str, peer, out, report) -> None:
         seconds += time.thread_time() - clock
         conn.send(action.numpy().tobytes())
     out.put(("heads", time.process_time() - cpu, 0.0, {"heads": seconds}))
+    conn.close()
 
 
 def _heads_on_splitrl(transport, heads, generator, out) -> None:
