@@ -35,23 +35,62 @@ START = b"start"
 HOST = "tcp://127.0.0.1"
 
 
-class _Pipe:
-    """A `multiprocessing` pipe's end: raw bytes."""
-
-    def __init__(self, conn) -> None:
-        self.conn = conn
+class _Raw:
+    """Raw bytes each way, the features out and the action back; a subclass moves them (`send`, `recv`). `START`
+    says the edge's clocks start, an empty message that it stops. The edge's side: `start`, `ask`, `observed`,
+    `stop`; the heads': `next_features`, `reply`, `close`."""
 
     def send(self, data: bytes) -> None:
-        self.conn.send_bytes(data)
+        raise NotImplementedError
 
     def recv(self) -> bytes:
-        return self.conn.recv_bytes()
+        raise NotImplementedError
 
     def close(self) -> None:
-        self.conn.close()
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self.send(START)
+        self.recv()
+
+    def ask(self, features):
+        """The action the heads' side draws for ``features``."""
+        import torch
+
+        self.send(features.numpy().tobytes())
+        return torch.frombuffer(bytearray(self.recv()), dtype=torch.float32).view(1, -1)
+
+    def observed(self, reward, terminated, truncated) -> None:
+        """The env's outcome of the step just taken: raw bytes carry none."""
+
+    def stop(self) -> None:
+        self.send(b"")
+        self.close()
+
+    def next_features(self):
+        """The next features that come, `START` when the edge's clocks start (answered), None once it stops."""
+        import torch
+
+        data = self.recv()
+        if not data:
+            return None
+        if data == START:
+            self.send(START)
+            return START
+        return torch.frombuffer(bytearray(data), dtype=torch.float32).view(1, -1)
+
+    def reply(self, action) -> None:
+        self.send(action.numpy().tobytes())
 
 
-class _Zmq:
+class _Pipe(_Raw):
+    """A `multiprocessing` pipe's end."""
+
+    def __init__(self, conn) -> None:
+        self.send, self.recv, self.close = conn.send_bytes, conn.recv_bytes, conn.close
+
+
+class _Zmq(_Raw):
     """A ZeroMQ PUSH/PULL pair over TCP loopback: a 16-byte header frame, then the bytes (what a message of one
     tensor costs the sockets); the heads' side binds (``ports`` None) and reports its two ports."""
 
@@ -60,7 +99,7 @@ class _Zmq:
     def __init__(self, ports, report=None) -> None:
         import zmq
 
-        self.zmq = zmq
+        self.more = zmq.SNDMORE
         self.ctx = zmq.Context()
         self.pull, self.push = self.ctx.socket(zmq.PULL), self.ctx.socket(zmq.PUSH)
         self.pull.setsockopt(zmq.RCVTIMEO, 60_000)  # no receive waits forever
@@ -71,7 +110,7 @@ class _Zmq:
             self.pull.connect(f"{HOST}:{ports[1]}")
 
     def send(self, data: bytes) -> None:
-        self.push.send(self.HEADER, self.zmq.SNDMORE)
+        self.push.send(self.HEADER, self.more)
         self.push.send(data)
 
     def recv(self) -> bytes:
@@ -81,14 +120,69 @@ class _Zmq:
         self.ctx.destroy(linger=5000)  # the last message (the stop) still goes out; at most 5 s
 
 
-def _splitrl(endpoint, report=None):
-    """splitrl's link: a `ZmqTransport` (the heads' side binds, ``endpoint`` None, and reports where)."""
-    from splitrl.transport import ZmqTransport
+class _Framed:
+    """splitrl's link, a `ZmqTransport` (the heads' side binds, ``endpoint`` None, and reports where): each step
+    the wire message the synchronous split sends (the features, the env's reward and flags) and the action back,
+    framed, checked and decoded as the stages do. The sides of `_Raw`, over ``start``, ``step``, ``action`` and
+    ``close`` messages."""
 
-    link = ZmqTransport(endpoint or f"{HOST}:0", bind=endpoint is None, timeout=60.0)
-    if report is not None:
-        report.put(link.endpoint)
-    return link
+    def __init__(self, endpoint, report=None) -> None:
+        import torch
+
+        from splitrl.schedule.common import expect
+        from splitrl.transport import ZmqTransport
+
+        self.torch, self.expect = torch, expect
+        self.link = ZmqTransport(endpoint or f"{HOST}:0", bind=endpoint is None, timeout=60.0)
+        if report is not None:
+            report.put(self.link.endpoint)
+        self.outcome = {"reward": torch.zeros(1), "terminated": torch.zeros(1, dtype=torch.bool),
+                        "truncated": torch.zeros(1, dtype=torch.bool)}
+        self.t = 0
+
+    def start(self) -> None:
+        self.link.send("start")
+        self.expect(self.link, "start")
+
+    def ask(self, features):
+        self.link.send("step", {"features": features, **self.outcome}, {"t": self.t})
+        action = self.expect(self.link, "action", t=self.t).tensors["action"]
+        self.t += 1
+        return action
+
+    def observed(self, reward, terminated, truncated) -> None:
+        """What the next step carries, as tensors (the split's edge keeps them so too)."""
+        from_numpy = self.torch.from_numpy
+        self.outcome = {"reward": from_numpy(reward.astype("float32")), "terminated": from_numpy(terminated),
+                        "truncated": from_numpy(truncated)}
+
+    def stop(self) -> None:
+        self.link.send("close")
+        self.close()
+
+    def next_features(self):
+        msg = self.link.recv()
+        if msg.kind == "close":
+            return None
+        if msg.kind == "start":
+            self.link.send("start")
+            return START
+        self.t = msg.header["t"]
+        return msg.tensors["features"]
+
+    def reply(self, action) -> None:
+        self.link.send("action", {"action": action}, {"t": self.t})
+
+    def close(self) -> None:
+        self.link.close()
+
+
+def _open(link: str, peer, report=None):
+    """One side of a link of `LINKS`: ``peer`` is the pipe's end, or where the heads' side listens (None on that
+    side, which reports it to ``report``)."""
+    if link == "pipe":
+        return _Pipe(peer)
+    return (_Zmq if link == "zmq" else _Framed)(peer, report)
 
 
 def _build():
@@ -108,19 +202,14 @@ def _build():
 
 def _edge(link: str | None, peer, steps: int, out) -> None:
     """The env and the encoder; the heads in this process (``link`` None) or across a link of `LINKS` to the
-    heads' process (``peer``: the pipe's end, or where the heads' side listens)."""
+    heads' process (``peer``: see `_open`)."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `python -m splitrl` runs, before torch loads
     import torch
 
-    from splitrl.schedule.common import expect
     from splitrl.stages.env_groups import training_envs
 
     settings, spec, encoder, heads = _build()
-    conn = None if link is None else _Pipe(peer) if link == "pipe" else _Zmq(peer) if link == "zmq" else None
-    transport = _splitrl(peer) if link == "splitrl" else None
-    outcome = {"reward": torch.zeros(1), "terminated": torch.zeros(1, dtype=torch.bool),
-               "truncated": torch.zeros(1, dtype=torch.bool)}
-    sent = 0
+    other = None if link is None else _open(link, peer)
     envs, _ = training_envs(settings)
     stacked = settings.env.image_pipeline[1] > 1
     generator = torch.Generator().manual_seed(settings.seed)
@@ -128,107 +217,60 @@ def _edge(link: str | None, peer, steps: int, out) -> None:
     seconds = dict.fromkeys(PARTS, 0.0)
 
     def step() -> None:
-        nonlocal obs, outcome, sent
+        nonlocal obs
         clock = time.thread_time()
         x = torch.as_tensor(spec.rows(obs, stacked))
         with torch.no_grad():
             features = encoder(x)
             now = time.thread_time()
             seconds["encoder"] += now - clock
-            if transport is not None:  # the step as the synchronous split sends it, and its action back
-                transport.send("step", {"features": features, **outcome}, {"t": sent})
-                action = expect(transport, "action", t=sent).tensors["action"]
-                sent += 1
-                clock = time.thread_time()
-            elif conn is not None:
-                conn.send(features.numpy().tobytes())
-                action = torch.frombuffer(bytearray(conn.recv()), dtype=torch.float32).view(1, -1)
-                clock = time.thread_time()
-            else:
+            if other is None:
                 action = heads.evaluate(*heads.outputs(features), generator=generator)[0]
                 clock = time.thread_time()
                 seconds["heads"] += clock - now
+            else:
+                action = other.ask(features)
+                clock = time.thread_time()
         obs, reward, terminated, truncated, _ = envs.step(spec.env_action(action.numpy(), settings.env.action_map))
         seconds["env"] += time.thread_time() - clock
-        if transport is not None:  # what the next step carries, as tensors (the split's edge keeps them so too)
-            outcome = {"reward": torch.from_numpy(reward.astype("float32")),
-                       "terminated": torch.from_numpy(terminated), "truncated": torch.from_numpy(truncated)}
+        if other is not None:
+            other.observed(reward, terminated, truncated)
 
     for _ in range(8):  # warm-up: allocations, oneDNN's primitives
         step()
-    if conn is not None:  # both sides' clocks start here
-        conn.send(START)
-        conn.recv()
-    elif transport is not None:
-        transport.send("start")
-        expect(transport, "start")
+    if other is not None:  # both sides' clocks start here
+        other.start()
     seconds.update(dict.fromkeys(PARTS, 0.0))
     cpu, wall = time.process_time(), time.perf_counter()
     for _ in range(steps):
         step()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     envs.close()
-    if conn is not None:
-        conn.send(b"")  # the heads' side stops
-        conn.close()
-    elif transport is not None:
-        transport.send("close")
-        transport.close()
+    if other is not None:
+        other.stop()  # the heads' side stops
     out.put(("edge", cpu, wall, seconds))
 
 
 def _heads(link: str, peer, out, report) -> None:
-    """The heads' forward and draw for each features that come, the action back, until the edge says stop (an
-    empty message; ``close`` on splitrl's link)."""
+    """The heads' forward and draw for each features that come, the action back, until the edge stops."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
     settings, _, _, heads = _build()
     generator = torch.Generator().manual_seed(settings.seed)
-    if link == "splitrl":
-        _heads_on_splitrl(_splitrl(None, report), heads, generator, out)
-        return
-    conn = _Pipe(peer) if link == "pipe" else _Zmq(None, report)
+    other = _open(link, peer, report)
     seconds, cpu = 0.0, time.process_time()
-    while True:
-        data = conn.recv()
-        if not data:
-            break
-        if data == START:  # the edge's warm-up is over
+    while (features := other.next_features()) is not None:
+        if features is START:  # the edge's warm-up is over
             seconds, cpu = 0.0, time.process_time()
-            conn.send(START)
             continue
         clock = time.thread_time()
         with torch.no_grad():
-            features = torch.frombuffer(bytearray(data), dtype=torch.float32).view(1, -1)
             action = heads.evaluate(*heads.outputs(features), generator=generator)[0]
         seconds += time.thread_time() - clock
-        conn.send(action.numpy().tobytes())
+        other.reply(action)
     out.put(("heads", time.process_time() - cpu, 0.0, {"heads": seconds}))
-    conn.close()
-
-
-def _heads_on_splitrl(transport, heads, generator, out) -> None:
-    """`_heads` over splitrl's link: each ``step`` message decoded and checked as the split's stage1 receives it
-    (its features the heads' input), the action sent back as an ``action`` message."""
-    import torch
-
-    seconds, cpu = 0.0, time.process_time()
-    while True:
-        msg = transport.recv()
-        if msg.kind == "close":
-            break
-        if msg.kind == "start":
-            seconds, cpu = 0.0, time.process_time()
-            transport.send("start")
-            continue
-        clock = time.thread_time()
-        with torch.no_grad():
-            action = heads.evaluate(*heads.outputs(msg.tensors["features"]), generator=generator)[0]
-        seconds += time.thread_time() - clock
-        transport.send("action", {"action": action}, {"t": msg.header["t"]})
-    out.put(("heads", time.process_time() - cpu, 0.0, {"heads": seconds}))
-    transport.close()
+    other.close()
 
 
 def measure(steps: int, link: str | None) -> dict[str, float]:
