@@ -74,7 +74,8 @@ class RolloutBuffer:
         """Record what the env returned after acting at step ``step``.
 
         ``final_values`` (N,) = V(real last obs) is read only where truncated and
-        not terminated; zeros are stored elsewhere.
+        not terminated; zeros are stored elsewhere. ``0.0``: no env needs one (the
+        caller knows none was cut short), zeros stored with no mask to work out.
         """
         self._store_outcome((step, envs), self._width(envs), rewards, terminated, truncated, final_values)
 
@@ -88,20 +89,27 @@ class RolloutBuffer:
         # storage, which converts as .float() would)
         term = self._vec(terminated, n, torch.bool)
         trunc = self._vec(truncated, n, torch.bool)
-        needs_bootstrap = trunc & ~term
-        if final_values is None:
-            if needs_bootstrap.any():
-                # silently bootstrapping 0 would bias every time-limited episode
-                raise ValueError("final_values is required when an env is truncated")
+        rows = isinstance(where[0], torch.Tensor)
+        if isinstance(final_values, float) and final_values == 0.0:
             fv = 0.0
         else:
-            fv = torch.where(needs_bootstrap, self._vec(final_values, n), 0.0)
-        if isinstance(where[0], torch.Tensor):  # rows by index tensors: index_put_ takes the storage's dtype only
+            needs_bootstrap = trunc & ~term
+            if final_values is None:
+                if needs_bootstrap.any():
+                    # silently bootstrapping 0 would bias every time-limited episode
+                    raise ValueError("final_values is required when an env is truncated")
+                fv = 0.0
+            else:
+                fv = torch.where(needs_bootstrap, self._vec(final_values, n), 0.0)
+        if rows:  # rows by index tensors: index_put_ takes the storage's dtype only
             term, trunc = term.float(), trunc.float()
         self.rewards[where] = self._vec(rewards, n)
         self.terminated[where] = term
         self.truncated[where] = trunc
-        self.final_values[where] = fv
+        if rows or not isinstance(fv, float):
+            self.final_values[where] = fv
+        else:  # (a view of the step's rows, filled in place: no tensor of the number)
+            self.final_values[where].fill_(fv)
 
     def finish(self, last_value, gamma: float = 0.99, gae_lambda: float = 0.95,
                weights: torch.Tensor | None = None, values: torch.Tensor | None = None) -> None:

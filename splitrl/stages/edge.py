@@ -77,6 +77,10 @@ class Edge:
         """Which edge of a fleet this is (`ScheduleSettings.edges`): its envs are the fleet's envs
         ``offset .. offset + num_envs - 1`` of `total_envs`, seeded, named and indexed as those."""
         self.offset, self.total_envs = edge * settings.env.num_envs, settings.total_envs
+        self.sample_index = torch.arange(settings.ppo.num_steps * self.total_envs).view(
+            settings.ppo.num_steps, self.total_envs)[:, self.offset:self.offset + settings.env.num_envs]
+        """Each of this edge's samples' index in the fleet's rollout batch, ``t * total_envs + env``, by (step,
+        env of this edge); row 0 holds the envs' fleet indices. A step's are a view, not worked out anew."""
         self.joined_after = 0
         """A fleet's late edge: the iteration after which it joined (`join`); 0 for the others."""
         self.envs = EnvGroups(settings, vector)
@@ -168,14 +172,13 @@ class Edge:
 
     def observe(self, t: int, g: int = 0) -> Payload:
         """Group ``g``'s step ``t`` message: its observation stored and encoded, after its last outcome."""
-        envs = self.groups.rows[g]
+        rows = self.groups.slices[g]
         obs = to_device(torch.as_tensor(self.spec.rows(self.envs.next_obs[g], self.stacked)), self.device)
-        self.obs[t, self.groups.slices[g]] = obs  # (the group's rows as a slice: no index arithmetic in torch)
+        self.obs[t, rows] = obs  # (the group's rows as a slice: no index arithmetic in torch)
         tensors, header = self.outcome[g]
         if t == 0 and self.iteration in self.tuning.announced:
             header["budget"] = self.tuning.announced[self.iteration]
-        fleet_envs = self.offset + envs
-        ctx = Context(idx=t * self.total_envs + fleet_envs, envs=fleet_envs, global_step=self.global_step)
+        ctx = Context(idx=self.sample_index[t, rows], envs=self.sample_index[0, rows], global_step=self.global_step)
         if sampled(self.settings, t):  # the features before the projection too, for stage1's autoencoder
             with torch.no_grad(), acting_threads(self.device, len(obs)):
                 before = self.acting[:-1](obs)

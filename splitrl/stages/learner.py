@@ -43,7 +43,7 @@ from .fleet_encoder import EncoderSum
 from .learners import Learners
 from .limits import EdgeLimits
 from .order_free import batch_invariant, step_generator
-from .outcomes import read_outcome
+from .outcomes import Outcome, read_outcome
 from .protocol import ENCODER_PREFIX, Payload
 from .rollouts import Groups, Rollouts
 from .update import PPOUpdate
@@ -156,8 +156,7 @@ class Learner:
     # -- rollout ---------------------------------------------------------------------
     def begin_rollout(self, iteration: int) -> None:
         self.iteration = iteration
-        # Rows no step fills (a fleet's edge dropped in or before this rollout) are never trained on: not lagging.
-        self.rollouts.versions[iteration].fill_(self._acting_version())
+        self.rollouts.begin(iteration, self._acting_version())
         self.tuning.begin_rollout(iteration)
 
     def adopt(self, version: int) -> None:
@@ -184,7 +183,7 @@ class Learner:
             self.tuning.take(self.iteration, msg.header["budget"])
         with torch.no_grad():
             outcome = self._outcome(t - 1, msg, g) if t > 0 else None
-            x = self._input(msg, Context(idx=t * self.settings.env.num_envs + rows, envs=rows,
+            x = self._input(msg, Context(idx=self.rollouts.sample_index[t, self.groups.slices[g]], envs=rows,
                                          global_step=self.global_step(t, g)))
             if self.autoencoder is not None and sampled(self.settings, t):
                 self.autoencoder.add(unpack_sample(msg, len(rows), self.heads.trunk[-1].out_features))
@@ -239,7 +238,7 @@ class Learner:
             self.rollouts.record_outcomes(self.iteration, [(last, g, outcome)])
             self.rollouts.last_values[self.iteration][rows] = value
 
-    def _outcome(self, step: int, msg: Message, g: int) -> tuple[torch.Tensor, ...]:
+    def _outcome(self, step: int, msg: Message, g: int) -> Outcome:
         """Group ``g``'s (reward, terminated, truncated, final values) after step ``step``, as ``msg`` carries it."""
         envs = self.groups.slices[g]
 

@@ -83,6 +83,17 @@ class Rollouts:
         --publish epoch (`TrainSettings.versions_per_iteration`)."""
         self.last_values = Slots(slots, lambda: torch.zeros(n, device=device))
         self.groups = Groups(n)
+        self.sample_index = torch.arange(t * n).view(t, n)
+        """Each sample's index in the rollout batch, ``t * num_envs + env``: a step's are a view of its row, not a
+        tensor worked out at every step."""
+        self._begun: list[int | None] = [None] * slots
+        """The version `begin` filled each slot's ``versions`` with: a step acted on by it writes none."""
+
+    def begin(self, iteration: int, version: int) -> None:
+        """``iteration``'s rollout starts, acted on by ``version`` until a step says otherwise: every sample's
+        version is that (rows no step fills, a fleet's dropped edge's, are never trained on: not lagging)."""
+        self.versions[iteration].fill_(version)
+        self._begun[iteration % len(self.versions)] = version
 
     def global_step(self, iteration: int, t: int = 0, g: int = 0) -> int:
         """stage0's env-step count when it encoded group ``g``'s step ``t`` of ``iteration`` (`Groups.steps_before`)."""
@@ -97,30 +108,41 @@ class Rollouts:
     def store(self, iteration: int, parts: list[tuple[int, int]], x: torch.Tensor, version: int, *,
               actions: torch.Tensor, logprobs: torch.Tensor, values: torch.Tensor) -> None:
         """What the policy ``version`` did on inputs ``x`` at the steps of ``parts`` ((step, group) each)."""
+        begun = version == self._begun[iteration % len(self.versions)]  # (its rows hold the version already)
         if len(parts) == 1:  # one group's step: its rows are a slice, written as one (no index tensors)
             at, envs = parts[0][0], self.groups.slices[parts[0][1]]
             self.buffers[iteration].add(at, actions=actions, logprobs=logprobs, values=values, envs=envs)
-            self.versions[iteration][at, envs].fill_(version)  # (a view, filled in place: no tensor of the number)
+            if not begun:
+                self.versions[iteration][at, envs].fill_(version)  # (a view, filled in place: no tensor of it)
         else:
             at, envs = self.groups.rows_of(parts)
             self.buffers[iteration].add_rows(at, envs, actions=actions, logprobs=logprobs, values=values)
-            self.versions[iteration][at, envs] = version
+            if not begun:
+                self.versions[iteration][at, envs] = version
         if self.inputs is not None:
             self.inputs[iteration][at, envs] = x
 
     def record_outcomes(self, iteration: int, outcomes: list[tuple[int, int, tuple[torch.Tensor, ...]]]) -> None:
         """Outcomes ((step, group, (reward, terminated, truncated, final values)) each, as
-        `splitrl.stages.outcomes.read_outcome` reads them) into the rollout's buffer, all at once."""
+        `splitrl.stages.outcomes.read_outcome` reads them: final values None where no env needs one) into the
+        rollout's buffer, all at once."""
         if not outcomes:
             return
         if len(outcomes) == 1:  # one group's: its rows are a slice, written as one (no index tensors, no copies)
-            step, g, outcome = outcomes[0]
-            reward, terminated, truncated, final_values = (to_device(part, self.device) for part in outcome)
-            self.buffers[iteration].add_outcome(step, rewards=reward, terminated=terminated, truncated=truncated,
-                                                final_values=final_values, envs=self.groups.slices[g])
+            step, g, (reward, terminated, truncated, final_values) = outcomes[0]
+            reward, terminated, truncated = (to_device(part, self.device) for part in (reward, terminated, truncated))
+            self.buffers[iteration].add_outcome(
+                step, rewards=reward, terminated=terminated, truncated=truncated, envs=self.groups.slices[g],
+                final_values=0.0 if final_values is None else to_device(final_values, self.device))
             return
         steps, envs = self.groups.rows_of([(step, g) for step, g, _ in outcomes])
-        reward, terminated, truncated, final_values = (to_device(torch.cat(parts), self.device)
-                                                       for parts in zip(*(o for _, _, o in outcomes)))
+        finals = [o[3] for _, _, o in outcomes]
+        if all(f is None for f in finals):
+            final_values: torch.Tensor | float = 0.0
+        else:  # (zeros for the groups with none: the mask reads them nowhere)
+            final_values = to_device(torch.cat([torch.zeros(len(o[0]), device=self.device) if f is None else f
+                                                for (_, _, o), f in zip(outcomes, finals)]), self.device)
+        reward, terminated, truncated = (to_device(torch.cat(parts), self.device)
+                                         for parts in list(zip(*(o for _, _, o in outcomes)))[:3])
         self.buffers[iteration].add_outcome_rows(steps, envs, rewards=reward, terminated=terminated,
                                                  truncated=truncated, final_values=final_values)

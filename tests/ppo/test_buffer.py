@@ -141,3 +141,31 @@ def test_minibatch_schedule_is_a_pure_function_of_seed_and_iteration():
         assert sorted(torch.cat(epoch).tolist()) == list(range(12))
     assert not all(torch.equal(x, y) for x, y in zip(a[0], c[0]))
     assert not all(torch.equal(x, y) for x, y in zip(a[0], a[1]))
+
+
+def test_final_values_of_zero_store_what_zeros_do_with_no_mask_worked_out():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Calls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    outcome = dict(rewards=torch.randn(N), terminated=torch.tensor([False, True, True]),
+                   truncated=torch.tensor([True, False, True]))
+    scalar, tensor, rows = RolloutBuffer(T, N, A), RolloutBuffer(T, N, A), RolloutBuffer(T, N, A)
+    for buf in (scalar, tensor, rows):
+        buf.final_values.fill_(5.0)  # what an earlier rollout left: each step writes its own
+    with Calls() as calls:
+        scalar.add_outcome(1, **outcome, final_values=0.0)
+    assert not {"where", "bitwise_and", "bitwise_not"} & set(calls.names), calls.names
+    tensor.add_outcome(1, **outcome, final_values=torch.zeros(N))
+    rows.add_outcome_rows(torch.tensor([1, 1, 1]), torch.arange(N), **outcome, final_values=0.0)
+    for buf in (tensor, rows):
+        for name in ("rewards", "terminated", "truncated", "final_values"):
+            assert torch.equal(getattr(scalar, name), getattr(buf, name)), name
+    assert scalar.final_values[1].tolist() == [0.0] * N and scalar.final_values[0].tolist() == [5.0] * N

@@ -138,3 +138,39 @@ def test_the_plain_sum_is_the_edges_sum_in_order_and_a_robust_one_keeps_one_edge
     assert float(trimmed["w"]) == 12.0  # (2 + 4) / 2 times the 4 edges
     with pytest.raises(ValueError, match="one of off, trimmed, median"):
         combine(two, like, "mean")
+
+
+def test_a_check_reads_the_same_bounds_from_numpy_as_from_torch():
+    """On the CPU the bounds are numpy's reductions; a tensor numpy cannot hold as it is (bfloat16), or one with
+    a graph, takes torch's: each finds the same value beyond the limit."""
+    bounded = EdgeLimits.bounded
+    values = [0.25, -3.0, 2.0]
+    for x in (torch.tensor(values), torch.tensor(values, dtype=torch.float64), torch.tensor(values).half(),
+              torch.tensor(values, dtype=torch.bfloat16), torch.tensor(values, requires_grad=True)):
+        assert bounded("step", "features", x, 3.0, "--edge-feature-limit") is x
+        with pytest.raises(ProtocolError, match=r"a value of -3, beyond --edge-feature-limit 2.5$"):
+            bounded("step", "features", x, 2.5, "--edge-feature-limit")
+        with pytest.raises(ProtocolError, match=r"a value of 2, beyond --edge-feature-limit 1.5$"):
+            bounded("step", "features", x[[0, 2]], 1.5, "--edge-feature-limit")
+
+
+def test_an_env_cut_short_with_no_final_observation_is_a_protocol_error_and_a_terminated_one_is_not():
+    learner = _learner()
+    learner.act_read([learner.read_step(0, 0, _step(learner, 0))])
+    ended = _step(learner, 1)
+    ended.tensors.update(terminated=torch.tensor([True, False]), truncated=torch.tensor([True, False]))
+    learner.read_step(0, 1, ended)  # terminated as well: nothing to bootstrap from
+    cut = _step(learner, 1)
+    cut.tensors["truncated"] = torch.tensor([False, True])
+    with pytest.raises(ProtocolError, match=r"^step: envs \[1\] truncated and not terminated, but no final_index"):
+        learner.read_step(0, 1, cut)
+
+
+def test_a_large_tensor_is_checked_as_a_small_one_is():
+    """(numpy reads the small one, torch the large)"""
+    x = torch.zeros(1 << 17)
+    x[12345] = -7.0
+    for part in (x, x[: 1 << 16]):
+        with pytest.raises(ProtocolError, match=r"a value of -7, beyond --edge-feature-limit 5$"):
+            EdgeLimits.bounded("train_fwd", "features", part, 5.0, "--edge-feature-limit")
+        assert EdgeLimits.bounded("train_fwd", "features", part, 7.0, "--edge-feature-limit") is part
