@@ -1,6 +1,6 @@
 """What taking turns between two processes costs a synchronous rollout, with nothing else around it.
 
-    python benchmarks/turns.py --steps 1024 --rounds 3 [--links pipe,zmq,splitrl]
+    python benchmarks/turns.py --steps 1024 --rounds 3 [--links pipe,zmq,splitrl,tcp]
 
 The synchronous split's rollout is one env stepped by stage0, the encoder's forward on its observation, the
 features to stage1, the heads' forward and draw there, the action back: 4,096 round trips an iteration, each side
@@ -12,7 +12,10 @@ run in two processes that take turns at every step over a link (``two processes`
 - ``zmq``: a ZeroMQ PUSH/PULL pair over TCP loopback, as the split's, raw bytes each way (a short header frame
   and the tensor's bytes, copied into a tensor as received);
 - ``splitrl``: splitrl's own link (`ZmqTransport` over TCP loopback), each step a wire message as the synchronous
-  split sends it (the features and the env's reward and flags; the action back), framed, checked and decoded.
+  split sends it (the features and the env's reward and flags; the action back), framed, checked and decoded, in
+  a session as the handshake leaves it;
+- ``tcp``: the same messages over splitrl's plain TCP link (`TcpTransport`, ``--transport tcp``): one socket
+  each way read and written by the stage's own thread, where ZeroMQ hands every message to its I/O thread.
 
 The settings alternate for ``--rounds`` rounds. Printed per setting, in microseconds a step: each part's thread
 CPU, the processes' CPU in all, and the rest (``turns``: the link's calls, sleeping and waking, and whatever each
@@ -29,10 +32,14 @@ import os
 import time
 
 PARTS = ("env", "encoder", "heads")
-LINKS = ("pipe", "zmq", "splitrl")
+LINKS = ("pipe", "zmq", "splitrl", "tcp")
 START = b"start"
 """The edge's word that its warm-up is over (features are thousands of bytes; an empty message stops the heads)."""
 HOST = "tcp://127.0.0.1"
+SESSION = 1 << 16
+"""The session id splitrl's links carry, as if stage1's hello had set it (it draws one from [2^16, 2^32)): with a
+session, a transport's decoder learns its peer's layouts and checks a message like one before only in what
+varies (`splitrl.transport.fastwire`), as the split's do; without, every message takes the whole check."""
 
 
 class _Raw:
@@ -121,19 +128,22 @@ class _Zmq(_Raw):
 
 
 class _Framed:
-    """splitrl's link, a `ZmqTransport` (the heads' side binds, ``endpoint`` None, and reports where): each step
+    """splitrl's link, a `ZmqTransport` (``tcp``: a `TcpTransport`; the heads' side binds, ``endpoint`` None, and
+    reports where): each step
     the wire message the synchronous split sends (the features, the env's reward and flags) and the action back,
     framed, checked and decoded as the stages do. The sides of `_Raw`, over ``start``, ``step``, ``action`` and
     ``close`` messages."""
 
-    def __init__(self, endpoint, report=None) -> None:
+    def __init__(self, endpoint, report=None, tcp: bool = False) -> None:
         import torch
 
         from splitrl.schedule.common import expect
-        from splitrl.transport import ZmqTransport
+        from splitrl.transport import TcpTransport, ZmqTransport
 
         self.torch, self.expect = torch, expect
-        self.link = ZmqTransport(endpoint or f"{HOST}:0", bind=endpoint is None, timeout=60.0)
+        transport = TcpTransport if tcp else ZmqTransport
+        self.link = transport(endpoint or f"{HOST}:0", bind=endpoint is None, timeout=60.0)
+        self.link.session = SESSION  # as the handshake leaves it: each end learns the other's layouts
         if report is not None:
             report.put(self.link.endpoint)
         self.outcome = {"reward": torch.zeros(1), "terminated": torch.zeros(1, dtype=torch.bool),
@@ -182,7 +192,7 @@ def _open(link: str, peer, report=None):
     side, which reports it to ``report``)."""
     if link == "pipe":
         return _Pipe(peer)
-    return (_Zmq if link == "zmq" else _Framed)(peer, report)
+    return _Zmq(peer, report) if link == "zmq" else _Framed(peer, report, tcp=link == "tcp")
 
 
 def _build():
