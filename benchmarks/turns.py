@@ -129,10 +129,9 @@ class _Zmq(_Raw):
 
 class _Framed:
     """splitrl's link, a `ZmqTransport` (``tcp``: a `TcpTransport`; the heads' side binds, ``endpoint`` None, and
-    reports where): each step
-    the wire message the synchronous split sends (the features, the env's reward and flags) and the action back,
-    framed, checked and decoded as the stages do. The sides of `_Raw`, over ``start``, ``step``, ``action`` and
-    ``close`` messages."""
+    reports where) in a session: each step the wire message the synchronous split sends (the features, the env's
+    reward and flags) and the action back, framed, checked and decoded as the stages do. The sides of `_Raw`, over
+    ``start``, ``step``, ``action`` and ``close`` messages."""
 
     def __init__(self, endpoint, report=None, tcp: bool = False) -> None:
         import torch

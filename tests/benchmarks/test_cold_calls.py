@@ -1,4 +1,4 @@
-"""benchmarks/cold_calls.py and benchmarks/rollout_store.py: each call timed after a pause and back to back."""
+"""benchmarks/cold_calls.py, cold_checks.py and rollout_store.py: each call timed after a pause and back to back."""
 
 from __future__ import annotations
 
@@ -49,3 +49,14 @@ def test_the_rollout_storage_benchmark_times_both_ways_each_round():
     rows = [line.split(" | ")[:2] for line in out.splitlines() if line.startswith("| ") and "round" not in line]
     assert rows == [["| 1", "through index tensors"], ["| 1", "as a slice"], ["| 2", "through index tensors"],
                     ["| 2", "as a slice"]]
+
+
+def test_the_checks_are_timed_both_ways_in_every_round():
+    out = subprocess.run([sys.executable, "benchmarks/cold_checks.py", "--count", "2", "--rounds", "2",
+                          "--pause-ms", "0.1"], capture_output=True, text=True, timeout=300, check=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and not line.startswith("| way")]
+    assert [row[0] for row in rows] == ["| torch's reductions and the mask (before)", "| numpy's (now)"]
+    for _, cold, warm in rows:
+        assert len(cold.split(", ")) == len(warm.rstrip(" |").split(", ")) == 2
+        assert all(float(value) > 0 for value in cold.split(", "))
