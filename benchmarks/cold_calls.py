@@ -20,6 +20,7 @@ with a `TorchDispatchMode`, outside the timing).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from typing import Callable
 
@@ -70,21 +71,20 @@ def torch_calls(call: Callable[[], object]) -> int:
     return Count.count
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--count", type=int, default=300)
-    parser.add_argument("--pause-ms", type=float, default=4.0)
-    args = parser.parse_args()
+def step_calls(opened: contextlib.ExitStack) -> tuple[dict, list[tuple[str, Callable[[], object]]]]:
+    """A rollout step as the synchronous split sends it (features, reward, flags) and the per-step calls on it, on
+    one thread: the wire's decode of the step, the heads' part, `Learner.act`, the encoder's part, `Edge.observe`
+    (the env it opens is closed by ``opened``). Built from the stages' classes alone, so that
+    `benchmarks/step_instructions.py` runs the same calls in an older revision's tree."""
     torch.set_num_threads(1)
     settings = TrainSettings()
     spec = inspect_env(settings.env)
     learner = Learner(settings, spec)
     learner.begin_rollout(1)
-    features = torch.randn(1, learner.feature_dim)
+    features = torch.randn(1, learner.feature_dim, generator=torch.Generator().manual_seed(0))
     step = {"features": features, "reward": torch.zeros(1), "terminated": torch.zeros(1, dtype=torch.bool),
             "truncated": torch.zeros(1, dtype=torch.bool)}
     frames = [bytes(memoryview(f)) if not isinstance(f, bytes) else f for f in encode("step", 1, {"t": 1}, step)]
-    frame = bytearray(features.numpy().tobytes())
     message = decode(frames)
     t = iter(range(1, 1 << 30))
 
@@ -97,6 +97,7 @@ def main() -> None:
 
     settings = settings.for_observation(spec.observation)  # stage0's side: the model the run resolves
     edge = Edge(settings, spec)
+    opened.callback(edge.close)
     edge.open_envs()
     edge.begin_rollout(1)
     observation = torch.as_tensor(spec.rows(edge.envs.next_obs[0], settings.env.image_pipeline[1] > 1))
@@ -105,21 +106,28 @@ def main() -> None:
         with torch.no_grad():
             return edge.acting(observation)
 
-    calls = [("torch.frombuffer, 16 KiB", lambda: torch.frombuffer(frame, dtype=torch.float32)),
-             ("wire decode of a step", lambda: decode(frames)),
-             ("heads' acting forward and draw (a part)", heads),
-             ("Learner.act (the part and its bookkeeping)", act),
-             ("encoder's acting forward (a part)", encoder),
-             ("Edge.observe (the part and its bookkeeping)", lambda: edge.observe(1))]
-    print(f"thread CPU us a call, after a {args.pause_ms:g} ms pause that evicts the caches, and back to back")
-    print("| call | cold | warm | cold / warm | torch calls |")
-    print("|---|---:|---:|---:|---:|")
-    try:
+    return step, [("wire decode of a step", lambda: decode(frames)),
+                  ("heads' acting forward and draw (a part)", heads),
+                  ("Learner.act (the part and its bookkeeping)", act),
+                  ("encoder's acting forward (a part)", encoder),
+                  ("Edge.observe (the part and its bookkeeping)", lambda: edge.observe(1))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=300)
+    parser.add_argument("--pause-ms", type=float, default=4.0)
+    args = parser.parse_args()
+    with contextlib.ExitStack() as opened:
+        step, calls = step_calls(opened)
+        frame = bytearray(step["features"].numpy().tobytes())
+        calls.insert(0, ("torch.frombuffer, 16 KiB", lambda: torch.frombuffer(frame, dtype=torch.float32)))
+        print(f"thread CPU us a call, after a {args.pause_ms:g} ms pause that evicts the caches, and back to back")
+        print("| call | cold | warm | cold / warm | torch calls |")
+        print("|---|---:|---:|---:|---:|")
         for name, call in calls:
             cold, warm = timed(call, args.count, args.pause_ms / 1e3)
             print(f"| {name} | {cold:.1f} | {warm:.1f} | {cold / warm:.1f}x | {torch_calls(call)} |")
-    finally:
-        edge.close()
 
 
 if __name__ == "__main__":

@@ -40,58 +40,22 @@ WARM = 3
 
 def _calls(opened: contextlib.ExitStack) -> list[tuple[str, Callable[[], object]]]:
     """The per-step calls, on one thread, in the tree this process imports `splitrl` from; what they open is
-    closed by ``opened``."""
-    import torch
+    closed by ``opened``: `benchmarks/cold_calls.py`'s (this tree's script, `splitrl` from the tree counted)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from cold_calls import step_calls
 
-    from splitrl.envs import inspect_env
-    from splitrl.settings import TrainSettings
-    from splitrl.stages import Edge, Learner
-    from splitrl.transport.wire import decode, encode
+    from splitrl.transport.wire import encode
 
-    torch.set_num_threads(1)
-    settings = TrainSettings()
-    spec = inspect_env(settings.env)
-    learner = Learner(settings, spec)
-    learner.begin_rollout(1)
-    features = torch.randn(1, learner.feature_dim, generator=torch.Generator().manual_seed(0))
-    step = {"features": features, "reward": torch.zeros(1), "terminated": torch.zeros(1, dtype=torch.bool),
-            "truncated": torch.zeros(1, dtype=torch.bool)}
-    frames = [f if isinstance(f, bytes) else bytes(memoryview(f)) for f in encode("step", 1, {"t": 1}, step)]
-    message = decode(frames)
-    steps = iter(range(1 << 30))
-
-    def act() -> object:
-        return learner.act(next(steps) % (settings.ppo.num_steps - 1) + 1, message)
-
-    def heads() -> object:
-        with torch.no_grad():
-            return learner.heads.evaluate(*learner.heads.outputs(features), generator=learner.generator)
-
-    edge_settings = settings.for_observation(spec.observation)  # stage0's side: the model the run resolves
-    edge = Edge(edge_settings, spec)
-    opened.callback(edge.close)
-    edge.open_envs()
-    edge.begin_rollout(1)
-    observation = torch.as_tensor(spec.rows(edge.envs.next_obs[0], edge_settings.env.image_pipeline[1] > 1))
-
-    def encoder() -> object:
-        with torch.no_grad():
-            return edge.acting(observation)
-
-    return [("wire encode of a step", lambda: encode("step", 1, {"t": 1}, step)),
-            ("wire decode of a step", lambda: decode(frames)),
-            *_round_trips(step, opened),
-            ("heads' acting forward and draw (a part)", heads),
-            ("Learner.act (the part and its bookkeeping)", act),
-            ("encoder's acting forward (a part)", encoder),
-            ("Edge.observe (the part and its bookkeeping)", lambda: edge.observe(1))]
+    step, calls = step_calls(opened)
+    return [("wire encode of a step", lambda: encode("step", 1, {"t": 1}, step)), calls[0],
+            *_round_trips(step, opened), *calls[1:]]
 
 
 def _round_trips(step: dict, opened: contextlib.ExitStack) -> list[tuple[str, Callable[[], object]]]:
     """A step's features out and its action back, both ends in this process over TCP loopback: on splitrl's link
     (two `ZmqTransport`s in a session, each message framed, checked and decoded as the synchronous split's,
-    ``expect``-ed as its loops do) and on a raw ZeroMQ PUSH/PULL pair carrying the same tensors' bytes (a header frame and the bytes,
-    made a tensor as received). ZeroMQ's I/O threads' instructions count too."""
+    ``expect``-ed as its loops do) and on a raw ZeroMQ PUSH/PULL pair carrying the same tensors' bytes (a header
+    frame and the bytes, made a tensor as received). ZeroMQ's I/O threads' instructions count too."""
     import numpy as np
     import torch
     import zmq

@@ -2,11 +2,24 @@ import numpy as np
 import pytest
 import torch
 from torch.testing import assert_close
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from splitrl.ppo.buffer import RolloutBuffer, shuffled_minibatches
 from splitrl.ppo.gae import compute_gae
 
 T, N, A = 5, 3, 2
+
+
+class Calls(TorchDispatchMode):
+    """The names of the torch operators dispatched while it is on."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
 
 
 def filled_buffer(seed=0):
@@ -50,17 +63,6 @@ def test_add_and_add_outcome_store_values():
 
 
 def test_a_step_already_in_shape_is_stored_without_conversions_and_by_rows_the_same():
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Calls(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.__name__.split(".")[0])
-            return func(*args, **(kwargs or {}))
-
     buf, rows = RolloutBuffer(T, N, A), RolloutBuffer(T, N, A)
     step = dict(actions=torch.randn(N, A), logprobs=torch.randn(N), values=torch.randn(N))
     outcome = dict(rewards=torch.randn(N), terminated=torch.tensor([False, True, True]),
@@ -144,17 +146,6 @@ def test_minibatch_schedule_is_a_pure_function_of_seed_and_iteration():
 
 
 def test_final_values_of_zero_store_what_zeros_do_with_no_mask_worked_out():
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Calls(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.__name__.split(".")[0])
-            return func(*args, **(kwargs or {}))
-
     outcome = dict(rewards=torch.randn(N), terminated=torch.tensor([False, True, True]),
                    truncated=torch.tensor([True, False, True]))
     scalar, tensor, rows = RolloutBuffer(T, N, A), RolloutBuffer(T, N, A), RolloutBuffer(T, N, A)
