@@ -10,13 +10,15 @@ pair (both ends in one process), built here from the stages' own classes so that
 calls. A child process builds them and runs under callgrind; for each call it
 zeroes the counters (``callgrind_control -z``), makes ``--count`` calls and has them dumped (``-d``), then the same
 with twice as many, after a few calls unmeasured (the first of each is the slowest): a call's count is the
-difference over ``--count``, in which what the zeroing and dumping add to each region cancels. ``--against REV``
+difference over ``--count``, in which what the zeroing and dumping add to each region cancels but for its
+variation (up to about 130,000 instructions between two regions: keep ``--count`` at 50 or more). ``--against REV``
 counts the same calls in a git worktree of REV beside this tree's, both children at once (one core each).
 
 Instructions are not time: a call's cost after a wait depends on what misses the caches (`cold_calls.py`), which
-this does not count. Two revisions' counts of a call differ by what their code executes, and nothing else. Needs
-valgrind (``apt install valgrind``); with PYTHONHASHSEED fixed, a tree's count repeats to within a few hundred
-instructions a call. Prints a markdown table.
+this does not count. Python's and the framing's counts are exact to a few thousand instructions a call (calls of
+the same code in two trees, PYTHONHASHSEED fixed); the networks' parts, oneDNN's and MKL's kernels, moved by up
+to 2.5 % between two processes of the same code, so a stage's bookkeeping is best read as its call less its part.
+Needs valgrind (``apt install valgrind``). Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -116,7 +118,8 @@ def _control(flag: str, dumps: Path) -> int:
 
 
 def child(count: int, dumps: Path, out: Path) -> None:
-    """Under callgrind: each call's instructions, the mean of ``count``, into ``out`` (JSON)."""
+    """Under callgrind: each call's instructions (what ``count`` more calls add, over ``count``) into ``out``
+    (JSON)."""
     calls = _calls(contextlib.ExitStack())  # (not closed: the process ends when the counts are written)
     gc.collect()
     gc.disable()  # (a collection would fall in one call's count or another's as each tree allocates)
@@ -135,15 +138,23 @@ def child(count: int, dumps: Path, out: Path) -> None:
     os._exit(0)  # at once: closing the env and the links under valgrind would only take minutes more
 
 
-def _start(tree: Path, count: int, work: Path, label: str) -> tuple[subprocess.Popen, Path]:
+def _start(tree: Path, count: int, work: Path, label: str, opened: contextlib.ExitStack) -> subprocess.Popen:
+    """A child counting the calls in ``tree`` under callgrind, its output in ``work``; killed by ``opened`` if it
+    is still running then."""
     dumps = work / label
     dumps.mkdir()
-    out = work / f"{label}.json"
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
-    command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={dumps}/callgrind.out",
-               sys.executable, str(Path(__file__).resolve()), "--child", str(dumps), str(out), "--count", str(count)]
-    log = open(work / f"{label}.log", "w")
-    return subprocess.Popen(command, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT), out
+    command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={dumps}/callgrind.out", sys.executable,
+               str(Path(__file__).resolve()), "--child", str(dumps), str(work / f"{label}.json"), "--count", str(count)]
+    log = opened.enter_context(open(work / f"{label}.log", "w"))
+    process = subprocess.Popen(command, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def stop() -> None:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+    opened.callback(stop)
+    return process
 
 
 def main() -> None:
@@ -165,15 +176,10 @@ def main() -> None:
         trees = [("this tree", ROOT)]
         if args.against:
             trees.append((args.against, stack.enter_context(checkout(args.against))))
-        started = [(label, *_start(tree, args.count, work, f"side{i}")) for i, (label, tree) in enumerate(trees)]
+        started = [(label, _start(tree, args.count, work, f"side{i}", stack)) for i, (label, tree) in enumerate(trees)]
         counts = {}
-        for i, (label, process, out) in enumerate(started):
-            try:
-                code = process.wait(timeout=3600)
-            finally:
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
+        for i, (label, process) in enumerate(started):  # (any still running when this ends is killed)
+            code, out = process.wait(timeout=3600), work / f"side{i}.json"
             if code != 0 or not out.exists():
                 raise SystemExit(f"{label}: valgrind's child failed ({code}):\n"
                                  + (work / f"side{i}.log").read_text()[-3000:])
