@@ -46,7 +46,7 @@ from .episodes import Episodes
 from .fleet_encoder import EdgeEncoder
 from .progress import Progress
 from .protocol import Payload, tensor
-from .rollouts import Slots
+from .rollouts import Slots, sample_indices
 from .versions import PolicyVersions
 
 __all__ = ["Edge", "EMA_DECAY"]
@@ -77,10 +77,9 @@ class Edge:
         """Which edge of a fleet this is (`ScheduleSettings.edges`): its envs are the fleet's envs
         ``offset .. offset + num_envs - 1`` of `total_envs`, seeded, named and indexed as those."""
         self.offset, self.total_envs = edge * settings.env.num_envs, settings.total_envs
-        self.sample_index = torch.arange(settings.ppo.num_steps * self.total_envs).view(
-            settings.ppo.num_steps, self.total_envs)[:, self.offset:self.offset + settings.env.num_envs]
-        """Each of this edge's samples' index in the fleet's rollout batch, ``t * total_envs + env``, by (step,
-        env of this edge); row 0 holds the envs' fleet indices. A step's are a view, not worked out anew."""
+        self.sample_index = sample_indices(settings.ppo.num_steps, self.total_envs,
+                                           slice(self.offset, self.offset + settings.env.num_envs))
+        """This edge's samples' indices in the fleet's rollout batch (row 0: its envs' fleet indices)."""
         self.joined_after = 0
         """A fleet's late edge: the iteration after which it joined (`join`); 0 for the others."""
         self.envs = EnvGroups(settings, vector)

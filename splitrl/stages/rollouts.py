@@ -18,9 +18,16 @@ from ..envs import EnvSpec
 from ..ppo import RolloutBuffer
 from ..settings import TrainSettings
 
-__all__ = ["Groups", "Rollouts", "Slots"]
+__all__ = ["Groups", "Rollouts", "Slots", "sample_indices"]
 
 T = TypeVar("T")
+
+
+def sample_indices(num_steps: int, total_envs: int, envs: slice = slice(None)) -> torch.Tensor:
+    """Each sample's index in a rollout batch of ``total_envs`` envs a step, ``t * total_envs + env``, by (step, env)
+    for the envs ``envs`` (a fleet edge's share): made once, so a step's indices are a view of its row, not tensor
+    arithmetic at every step; row 0 holds the envs' own indices."""
+    return torch.arange(num_steps * total_envs).view(num_steps, total_envs)[:, envs]
 
 
 class Slots(Generic[T]):
@@ -83,9 +90,8 @@ class Rollouts:
         --publish epoch (`TrainSettings.versions_per_iteration`)."""
         self.last_values = Slots(slots, lambda: torch.zeros(n, device=device))
         self.groups = Groups(n)
-        self.sample_index = torch.arange(t * n).view(t, n)
-        """Each sample's index in the rollout batch, ``t * num_envs + env``: a step's are a view of its row, not a
-        tensor worked out at every step."""
+        self.sample_index = sample_indices(t, n)
+        """Each sample's index in the rollout batch (`sample_indices`)."""
         self._begun: list[int | None] = [None] * slots
         """The version `begin` filled each slot's ``versions`` with: a step acted on by it writes none."""
 

@@ -7,7 +7,7 @@ import torch
 
 from splitrl.envs import VECTOR, EnvSpec
 from splitrl.settings import EnvSettings, PPOSettings, TrainSettings
-from splitrl.stages.rollouts import Groups, Rollouts
+from splitrl.stages.rollouts import Groups, Rollouts, sample_indices
 
 SPEC = EnvSpec(obs_shape=(4,), action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0), observation=VECTOR)
 
@@ -78,7 +78,9 @@ def test_a_step_acted_on_by_the_rollouts_first_version_writes_no_version_and_ano
     assert rollouts.versions[1].tolist() == [[3, 3, 3, 3], [3, 3, 4, 4], [5, 5, 5, 5]]
 
 
-def test_a_steps_sample_indices_are_its_row_of_the_rollout_batch():
+def test_a_steps_sample_indices_are_its_row_of_the_rollout_batch_and_an_edges_its_share():
     rollouts = _rollouts()
     assert rollouts.sample_index[2, rollouts.groups.slices[1]].tolist() == [2 * 4 + 2, 2 * 4 + 3]
     assert torch.equal(rollouts.sample_index.flatten(), torch.arange(3 * 4))
+    edge = sample_indices(3, 8, slice(4, 8))  # a fleet's second edge of four envs
+    assert edge[0].tolist() == [4, 5, 6, 7] and edge[2, 1:3].tolist() == [2 * 8 + 5, 2 * 8 + 6]
