@@ -225,6 +225,10 @@ main() {
                             exit 1
                         fi
                         trap release_place EXIT
+                        # Stopped before the command runs (run_holding's trap takes over then): exit as a stopped
+                        # command would, 128 + the signal, the claim released on the way out.
+                        trap 'exit 143' TERM
+                        trap 'exit 130' INT
                         echo "entrypoint: this container is edge $place of $edges"
                         extra+=(--edge-id "$place" --run-dir "/runs/edge$place")
                         if [[ " $* " == *" --curve "* ]]; then extra+=(--curve-name "edge$place"); fi
