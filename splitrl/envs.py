@@ -266,7 +266,7 @@ def choose_vector(mode: str, num_envs: int) -> str:
 
 
 def make_vector_env(settings: EnvSettings, *, vector: str = "sync", reward_gamma: float | None = None,
-                    reward_clip: float = 0.0) -> tuple[gym.vector.VectorEnv, StepInTwo]:
+                    reward_clip: float = 0.0, nice: int = 0) -> tuple[gym.vector.VectorEnv, StepInTwo]:
     """``num_envs`` environments with episode statistics; returns (the envs, their `StepInTwo`).
 
     ``vector``: 'sync' steps them in this process (gymnasium's SyncVectorEnv), 'async'
@@ -281,6 +281,8 @@ def make_vector_env(settings: EnvSettings, *, vector: str = "sync", reward_gamma
     NormalizeReward (then clipped to +-``reward_clip`` when > 0), as in CleanRL's
     continuous PPO; the episode statistics sit inside it, so they record the raw
     returns.
+
+    ``nice``: the worker processes run this much nicer than this one (`lower_priority`).
     """
     if vector not in ("sync", "async"):
         raise ValueError(f"vector must be 'sync' or 'async' (`choose_vector` resolves 'auto'), got {vector!r}")
@@ -289,6 +291,7 @@ def make_vector_env(settings: EnvSettings, *, vector: str = "sync", reward_gamma
         base: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(thunks, autoreset_mode=AutoresetMode.SAME_STEP,
                                                                context="spawn",
                                                                worker=_worker_deaf_to_ctrl_c if _async_worker else None)
+        lower_priority([process.pid for process in base.processes], nice)
     else:
         base = gym.vector.SyncVectorEnv(thunks, autoreset_mode=AutoresetMode.SAME_STEP)
     stepper = StepInTwo(base)
@@ -298,6 +301,25 @@ def make_vector_env(settings: EnvSettings, *, vector: str = "sync", reward_gamma
         if reward_clip > 0:
             envs = gym.wrappers.vector.ClipReward(envs, -reward_clip, reward_clip)
     return envs, stepper
+
+
+def lower_priority(pids: list[int], nice: int) -> None:
+    """Run the processes ``pids`` (this process's env workers) ``nice`` steps nicer than this process, at most 19.
+
+    On two cores a pipelined rollout has more runnable processes than cores: the env workers of one group, and
+    the stages' threads taking another group through the encoder, the link and the heads. The stages' work is the
+    rollout's critical path; an env step begun a turn ahead has time to spare. At equal niceness Linux shares the
+    cores alike and a stage's thread waits behind a worker; a nicer worker yields to it. Sample Factory lowers its
+    rollout workers' priority for the same reason (`sample_factory/algo/sampling/rollout_worker.py`).
+    Raising a child's niceness needs no privilege; where the system has no such call, nothing is done."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    niceness = min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+    for pid in pids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, pid, niceness)
+        except ProcessLookupError:  # a worker that died at start-up: the vector env reports it on the first call
+            pass
 
 
 try:

@@ -114,6 +114,34 @@ def test_async_env_workers_leave_ctrl_c_to_their_parent():
         envs.close()
 
 
+@pytest.mark.parametrize("nice", [0, 3, 40])
+def test_async_env_workers_run_as_much_nicer_than_their_parent_as_asked(nice):
+    envs, stepper = make_vector_env(EnvSettings(num_envs=2, max_episode_steps=12), vector="async", nice=nice)
+    try:
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        assert [os.getpriority(os.PRIO_PROCESS, p.pid) for p in stepper.env.processes] == [min(19, own + nice)] * 2
+        envs.reset(seed=5)  # and they step
+    finally:
+        envs.close()
+
+
+def test_a_run_starts_its_edge_env_workers_at_its_env_nice():
+    from splitrl.envs import inspect_env
+    from splitrl.runner.build import make_edge
+    from splitrl.settings import RunOptions
+
+    assert RunOptions().env_nice == 10  # Sample Factory's +10 for its rollout workers
+    settings = TrainSettings(env=EnvSettings(num_envs=2, max_episode_steps=12))
+    edge = make_edge(settings, inspect_env(settings.env), None, RunOptions(vector="async", env_nice=4))
+    edge.open_envs()
+    try:
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        pids = [p.pid for stepper in edge.envs.steppers for p in stepper.env.processes]
+        assert len(pids) == 2 and {os.getpriority(os.PRIO_PROCESS, pid) for pid in pids} == {min(19, own + 4)}
+    finally:
+        edge.envs.close()
+
+
 @pytest.mark.parametrize("vector", ["sync", "async"])
 def test_envs_restored_from_a_snapshot_go_on_exactly_as_the_originals(vector):
     """Snapshot mid-episode (one env across a time-limit reset), restore into fresh envs, step both alike:

@@ -26,7 +26,7 @@ def make_edge(settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None, op
     """Stage0's compute (edge ``edge`` of a fleet), with as many rollout slots and acting copies as the schedule
     needs."""
     concurrent = settings.schedule.mode == "async"
-    return Edge(settings, spec, run_log, vector=options.vector, acting_copy=concurrent,
+    return Edge(settings, spec, run_log, vector=options.vector, env_nice=options.env_nice, acting_copy=concurrent,
                 slots=settings.schedule.max_staleness + 1 if concurrent else 1, edge=edge,
                 device=resolve_device(options.stage0_device), channels_last=options.channels_last)
 

@@ -414,6 +414,10 @@ class RunOptions:
                               "worker process each (gymnasium AsyncVectorEnv), so encoding and the link overlap them; "
                               "'auto': async where it measured faster (4 or more envs), else sync",
                       choices=VECTOR_MODES)
+    env_nice: int = doc(10, "with worker envs (--vector async): run them this much nicer than stage0, as `nice -n` "
+                            "does (0: as stage0), so that the stages' own threads, whose turn the rollout waits "
+                            "for, take a core before an env step that has time to spare; it changes no number",
+                        min=0, max=19)
     transport: str = doc("zmq", "the link: 'zmq' (ZeroMQ PUSH/PULL), 'tcp' (plain sockets, same frames), or 'torch-rpc' "
                           "(PyTorch RPC, the paper's link; loopback benchmarks only); both sides alike",
                          choices=TRANSPORTS, link=True)

@@ -66,7 +66,7 @@ class Edge:
     """
 
     def __init__(self, settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None = None, *,
-                 vector: str = "auto", slots: int = 1, acting_copy: bool = False, edge: int = 0,
+                 vector: str = "auto", env_nice: int = 0, slots: int = 1, acting_copy: bool = False, edge: int = 0,
                  device: torch.device | str = "cpu", channels_last: bool = False) -> None:
         self.settings, self.spec, self.run_log = settings, spec, run_log
         self.device = torch.device(device)
@@ -82,7 +82,7 @@ class Edge:
         """This edge's samples' indices in the fleet's rollout batch (row 0: its envs' fleet indices)."""
         self.joined_after = 0
         """A fleet's late edge: the iteration after which it joined (`join`); 0 for the others."""
-        self.envs = EnvGroups(settings, vector)
+        self.envs = EnvGroups(settings, vector, env_nice)
         self.net = place(agent(settings, spec)[0], self.device, channels_last)  # built on the CPU: the same weights
         self.params = [p for p in self.net.parameters() if p.requires_grad]  # not an autoencoder's projection
         self.optimizer = (adam(self.params, lr=settings.ppo.lr_encoder, fused=settings.ppo.fused_adam)

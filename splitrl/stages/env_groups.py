@@ -19,20 +19,23 @@ from .rollouts import Groups
 __all__ = ["EnvGroups", "training_envs"]
 
 
-def training_envs(settings: TrainSettings, env: Any = None, vector: str = "sync") -> tuple[Any, Any]:
+def training_envs(settings: TrainSettings, env: Any = None, vector: str = "sync", nice: int = 0) -> tuple[Any, Any]:
     """The vector env (and its `StepInTwo`) of ``env`` (default ``settings.env``) as a run trains on it: the
-    reward's clipping and normalisation of ``settings.ppo`` around the env's own pipeline."""
+    reward's clipping and normalisation of ``settings.ppo`` around the env's own pipeline (``nice``: the worker
+    processes' niceness above this process's, `make_vector_env`)."""
     return make_vector_env(settings.env if env is None else env, vector=vector, reward_clip=settings.ppo.reward_clip,
-                           reward_gamma=settings.ppo.gamma if settings.ppo.norm_reward else None)
+                           reward_gamma=settings.ppo.gamma if settings.ppo.norm_reward else None, nice=nice)
 
 
 class EnvGroups:
     """The ``num_envs`` envs of ``settings``, in `groups` of one vector env each (`set_groups`, then `open`)."""
 
-    def __init__(self, settings: TrainSettings, vector: str = "auto") -> None:
+    def __init__(self, settings: TrainSettings, vector: str = "auto", nice: int = 0) -> None:
         self.settings = settings
         self.vector = choose_vector(vector, settings.env.num_envs)
         """'sync': the environments step in this process; 'async': in worker processes (`splitrl.envs.StepInTwo`)."""
+        self.nice = nice
+        """How much nicer than this process the worker processes run (``--env-nice``)."""
         self.groups = Groups(settings.env.num_envs)
         self.envs: list[Any] = []
         self.steppers: list[Any] = []
@@ -57,7 +60,7 @@ class EnvGroups:
                              f"{len(self.groups)}: resume with the same --rollout-groups")
         group_env = dataclasses.replace(s.env, num_envs=self.groups.size)
         for g, rows in enumerate(self.groups.rows):
-            env, stepper = training_envs(s, group_env, self.vector)
+            env, stepper = training_envs(s, group_env, self.vector, self.nice)
             self.envs.append(env)
             self.steppers.append(stepper)
             obs = env.reset(seed=seed + int(rows[0]))[0]
