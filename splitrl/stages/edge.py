@@ -62,7 +62,9 @@ class Edge:
 
     `set_groups` cuts the envs into groups (each its own vector env of ``num_envs / groups``);
     ``slots``: rollouts stored at once (2 when one trains while the next is collected);
-    ``acting_copy``: the rollout acts with a copy of the encoder that `adopt` updates.
+    ``acting_copy``: the rollout acts with a copy of the encoder that `adopt` updates;
+    ``env_nice``: how much nicer than this process its worker envs run (a run's ``--env-nice``,
+    `splitrl.envs.lower_priority`).
     """
 
     def __init__(self, settings: TrainSettings, spec: EnvSpec, run_log: RunLog | None = None, *,
