@@ -13,22 +13,26 @@ difference smaller than the iterations' spread within a variant is not told apar
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+from splitrl.runs import measured_records, read_metrics
+
 CPU_KEYS = ("cpu/stage0", "cpu/stage1", "cpu/envs")
 
 
 def run(arguments: list[str], run_dir: Path, iterations: int) -> list[tuple[float, float]]:
-    """(wall s, CPU s) of each iteration after the first of one `splitrl run`."""
+    """(wall s, CPU s) of each iteration after the first of one `splitrl run` (its output in RUN_DIR.log)."""
     command = [sys.executable, "-m", "splitrl", "run", "--run-dir", str(run_dir), "--checkpoint-every", "0",
                "--total-steps", str(4096 * iterations), *arguments]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [(r["time/iteration"], sum(r.get(key, 0.0) for key in CPU_KEYS)) for r in records[1:]]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(run_dir.with_name(run_dir.name + ".log"), "w") as log:
+        if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode:
+            raise SystemExit(f"{shlex.join(command)} failed: see {log.name}")
+    return [(r["time/iteration"], sum(r.get(key, 0.0) for key in CPU_KEYS))
+            for r in measured_records(read_metrics(run_dir))]
 
 
 def main() -> None:
