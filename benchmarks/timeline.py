@@ -13,10 +13,11 @@ nothing to do); ``--out`` draws the rows (matplotlib). The env worker processes 
 TO seconds into the iteration, in order, in milliseconds from FROM: a few minibatches up close.
 
 ``--cpu`` prints where each stage process's CPU seconds went in the iteration instead: in each stretch its loop
-marks (the synchronous schedule's ``rollout`` and ``training``), the process's CPU seconds (all its threads),
+marks (the schedules' ``rollout`` and ``training``), the process's CPU seconds (all its threads),
 its phases' thread CPU seconds, and the rest (``around``: receiving and sending, ZeroMQ's I/O threads, the loop's
-own Python between phases). ``--floor FILE`` (`splitrl bench floor --json FILE`, the same settings) sets each
-stretch against the parts it runs (`STRETCH_PARTS`), timed alone.
+own Python between phases); the pipelined schedule marks the same two stretches. ``--floor FILE`` (`splitrl bench
+floor --json FILE`, the same settings) sets each stretch of the synchronous schedule against the parts it runs
+(`STRETCH_PARTS`), timed alone (stage0's rollout holds the env steps only where they run in its process).
 """
 
 from __future__ import annotations

@@ -64,9 +64,9 @@ class Timeline:
 
     CPU time goes with them: each span's thread CPU seconds, each line's process CPU seconds since the last one
     (the first: since the process started; the twin's: since either stage's last line), every thread's (ZeroMQ's
-    I/O threads, torch's intra-op threads), and the stretches a loop marks
-    (`stretch`: the synchronous schedule's rollout and training) with the process CPU seconds in each, so a
-    reader can set a stretch's CPU against the parts `splitrl bench floor` times alone."""
+    I/O threads, torch's intra-op threads), and the stretches a loop marks (`stretch`: the synchronous and
+    pipelined schedules' rollout and training) with the process CPU seconds in each, so a reader can set a
+    stretch's CPU against the parts `splitrl bench floor` times alone."""
 
     def __init__(self) -> None:
         directory = os.environ.get(TIMELINE_ENV, "")

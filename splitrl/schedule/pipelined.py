@@ -48,7 +48,7 @@ from ..stages import Edge, EdgeExchange, Learner, LearnerExchange
 from ..stages.evaluate import Evaluation
 from ..transport import ProtocolError, Transport
 from ..transport.errors import peer_repr
-from .common import (IterationLog, PhaseClock, checkpoint_due, expect, stage0_after_rollout, stage0_finish,
+from .common import (TIMELINE, IterationLog, PhaseClock, checkpoint_due, expect, stage0_after_rollout, stage0_finish,
                      stage1_finish)
 from .training import microbatches, stage0_train, stage1_train
 
@@ -236,10 +236,12 @@ def stage0_loop(edge: Edge, exchange: EdgeExchange, link: Transport, *, measured
     for iteration in range(edge.train_iteration + 1, s.num_iterations + 1):  # from a checkpoint's, if resumed
         clock = PhaseClock()
         metrics.start()
-        stage0_rollout(edge, link, clock, iteration)
+        with TIMELINE.stretch("rollout"):  # traced runs: each stretch's wall and CPU (benchmarks/timeline.py)
+            stage0_rollout(edge, link, clock, iteration)
         rollout, order = stage0_after_rollout(edge, exchange, link, clock, iteration)
         if edge.trains:
-            stage0_train(edge, exchange, link, clock, order, parts=microbatches(s.schedule.microbatches))
+            with TIMELINE.stretch("training"):
+                stage0_train(edge, exchange, link, clock, order, parts=microbatches(s.schedule.microbatches))
         checkpoint = checkpoint_due(iteration, s.num_iterations, checkpoint_every)
         stats = stage0_finish(edge, exchange, link, clock, iteration, checkpoint, rollout, evaluation)
         metrics.end(iteration, clock, stats, rollout)
@@ -252,7 +254,8 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
     for iteration in range(learner.train_iteration + 1, s.num_iterations + 1):
         busy = PhaseClock()
         cpu_start = time.process_time()
-        stage1_rollout(learner, link, busy, iteration)
+        with TIMELINE.stretch("rollout"):
+            stage1_rollout(learner, link, busy, iteration)
         rollout = learner.rollout_summary()
         with busy("heads"):
             order = learner.begin_training(iteration)  # GAE
@@ -260,7 +263,8 @@ def stage1_loop(learner: Learner, exchange: LearnerExchange, link: Transport, ru
         if update is not None:
             link.send("heads", *update)
         if not learner.trains_alone:
-            stage1_train(learner, exchange, link, busy, order, parts=microbatches(s.schedule.microbatches))
+            with TIMELINE.stretch("training"):
+                stage1_train(learner, exchange, link, busy, order, parts=microbatches(s.schedule.microbatches))
         stage1_finish(learner, exchange, link, busy, iteration, order, run_log, cpu_start, rollout)
     expect(link, "close")
     return s.num_iterations

@@ -45,6 +45,17 @@ def test_each_stage_writes_its_own_spans_and_the_accounting_fills_the_window(tra
     assert (tmp_path / "t.png").stat().st_size > 1000
 
 
+def test_a_pipelined_runs_stretches_are_its_rollout_and_training(traced: Path):
+    """The pipelined schedule marks the same stretches as the synchronous one, inside stage0's iteration."""
+    window, _ = load(traced, 2)
+    rows = {r["process"]: r for r in cpu_account(traced, 2)}
+    assert set(rows) == {"stage0", "stage1"}
+    for r in rows.values():
+        assert [st["stretch"] for st in r["stretches"]] == ["rollout", "training"]
+        assert all(st["cpu"] > 0 and st["wall"] > 0 and "parts" not in st for st in r["stretches"])
+    assert sum(st["wall"] for st in rows["stage0"]["stretches"]) <= window[1] - window[0] + 1e-6
+
+
 def test_the_twins_stages_are_its_threads(tmp_path: Path):
     """Both stages in one process: each flush takes what both threads ended, the window still puts them in place."""
     env = dict(os.environ, SPLITRL_TIMELINE=str(tmp_path / "spans"), SPLITRL_PROGRESS="0")
