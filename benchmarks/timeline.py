@@ -80,26 +80,42 @@ STRETCH_PARTS = {("stage0", "rollout"): ("envs", "encoder acting"), ("stage0", "
 def cpu_account(directory: Path, iteration: int, floor: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Per stage process, its line of ``iteration``: the process's CPU seconds since its last line, and per
     stretch its process CPU seconds, wall seconds, each phase's thread CPU seconds (the spans that start in it),
-    the rest (``around``) and, with ``floor`` (`splitrl bench floor`'s JSON), the parts' CPU seconds."""
+    the rest (``around``) and, with ``floor`` (`splitrl bench floor`'s JSON), the parts' CPU seconds.
+
+    The twin (`splitrl train`: both stages' loops in one process, its ``process`` here ``twin``) takes turns
+    within its process: each stage's thread marks the same stretch with the process's CPU seconds, both threads'
+    work. Its stretch of a name is then the longer of the two marks, set against both stages' parts, and its
+    iteration is every line the process wrote for it."""
     out = []
     for path in sorted(directory.glob("timeline-*.jsonl")):
-        for line in map(json.loads, filter(str.strip, path.read_text().splitlines())):
-            if line["iteration"] != iteration or "cpu" not in line:
-                continue
-            spans = [span for span in line["spans"] if len(span) > 4]
-            stretches = []
-            for name, start, end, cpu in line.get("stretches", []):
-                phases: dict[str, float] = {}
-                for _, phase, begin, _, used in spans:
-                    if start <= begin < end:
-                        phases[phase] = phases.get(phase, 0.0) + used
-                row = {"stretch": name, "cpu": cpu, "wall": end - start, "phases": phases,
-                       "around": cpu - sum(phases.values())}
-                parts = STRETCH_PARTS.get((line["role"], name))
-                if floor is not None and parts is not None:
-                    row["parts"] = sum(floor["parts"][p] for p in parts)
-                stretches.append(row)
-            out.append({"process": line["role"], "pid": line["pid"], "cpu": line["cpu"], "stretches": stretches})
+        lines = [line for line in map(json.loads, filter(str.strip, path.read_text().splitlines()))
+                 if line["iteration"] == iteration and "cpu" in line]
+        if not lines:
+            continue
+        roles = {line["role"] for line in lines}
+        twin = len(roles) > 1
+        spans = [span for line in lines for span in line["spans"] if len(span) > 4]
+        marked = [tuple(st) for line in lines for st in line.get("stretches", [])]
+        if twin:  # each name once: the longer mark
+            longest: dict[str, tuple[Any, ...]] = {}
+            for st in marked:
+                if st[0] not in longest or st[2] - st[1] > longest[st[0]][2] - longest[st[0]][1]:
+                    longest[st[0]] = st
+            marked = list(longest.values())
+        stretches = []
+        for name, start, end, cpu in marked:
+            phases: dict[str, float] = {}
+            for _, phase, begin, _, used in spans:
+                if start <= begin < end:
+                    phases[phase] = phases.get(phase, 0.0) + used
+            row = {"stretch": name, "cpu": cpu, "wall": end - start, "phases": phases,
+                   "around": cpu - sum(phases.values())}
+            parts = [STRETCH_PARTS.get((role, name)) for role in sorted(roles)]
+            if floor is not None and all(p is not None for p in parts):
+                row["parts"] = sum(floor["parts"][p] for names in parts for p in names)
+            stretches.append(row)
+        out.append({"process": "twin" if twin else lines[0]["role"], "pid": lines[0]["pid"],
+                    "cpu": sum(line["cpu"] for line in lines), "stretches": stretches})
     return sorted(out, key=lambda r: r["process"])
 
 

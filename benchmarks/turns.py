@@ -1,6 +1,6 @@
 """What taking turns between two processes costs a synchronous rollout, with nothing else around it.
 
-    python benchmarks/turns.py --steps 1024 --rounds 3 [--links pipe,zmq,splitrl,tcp]
+    python benchmarks/turns.py --steps 1024 --rounds 3 [--links pipe,socket,zmq,splitrl,tcp]
 
 The synchronous split's rollout is one env stepped by stage0, the encoder's forward on its observation, the
 features to stage1, the heads' forward and draw there, the action back: 4,096 round trips an iteration, each side
@@ -9,6 +9,8 @@ asleep while the other works. `splitrl bench floor` times these parts in one pro
 run in two processes that take turns at every step over a link (``two processes``), one of ``--links``:
 
 - ``pipe``: a pipe, raw bytes each way and nothing else (no framing, checks, storage or codec);
+- ``socket``: a TCP loopback socket, raw bytes each way behind a 4-byte length, read and written by each side's
+  own thread (no I/O thread, no framing): what a network link costs with nothing of ZeroMQ's or splitrl's;
 - ``zmq``: a ZeroMQ PUSH/PULL pair over TCP loopback, as the split's, raw bytes each way (a short header frame
   and the tensor's bytes, copied into a tensor as received);
 - ``splitrl``: splitrl's own link (`ZmqTransport` over TCP loopback), each step a wire message as the synchronous
@@ -32,7 +34,7 @@ import os
 import time
 
 PARTS = ("env", "encoder", "heads")
-LINKS = ("pipe", "zmq", "splitrl", "tcp")
+LINKS = ("pipe", "socket", "zmq", "splitrl", "tcp")
 START = b"start"
 """The edge's word that its warm-up is over (features are thousands of bytes; an empty message stops the heads)."""
 HOST = "tcp://127.0.0.1"
@@ -95,6 +97,43 @@ class _Pipe(_Raw):
 
     def __init__(self, conn) -> None:
         self.send, self.recv, self.close = conn.send_bytes, conn.recv_bytes, conn.close
+
+
+class _Socket(_Raw):
+    """A TCP loopback connection, each message its length (4 bytes) then its bytes; the heads' side listens
+    (``port`` None) and reports its port."""
+
+    def __init__(self, port, report=None) -> None:
+        import socket
+
+        if port is None:
+            with socket.create_server(("127.0.0.1", 0)) as server:
+                server.settimeout(60)
+                report.put(server.getsockname()[1])
+                self.sock, _ = server.accept()
+        else:
+            self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self.sock.settimeout(60)  # no receive waits forever
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(len(data).to_bytes(4, "little") + data)
+
+    def _exactly(self, n: int) -> bytearray:
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
+        while got < n:
+            k = self.sock.recv_into(view[got:])
+            if not k:
+                raise ConnectionError("the other side closed")
+            got += k
+        return buf
+
+    def recv(self) -> bytes:
+        return bytes(self._exactly(int.from_bytes(self._exactly(4), "little")))
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 class _Zmq(_Raw):
@@ -191,6 +230,8 @@ def _open(link: str, peer, report=None):
     side, which reports it to ``report``)."""
     if link == "pipe":
         return _Pipe(peer)
+    if link == "socket":
+        return _Socket(peer, report)
     return _Zmq(peer, report) if link == "zmq" else _Framed(peer, report, tcp=link == "tcp")
 
 

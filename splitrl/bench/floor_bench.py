@@ -37,7 +37,7 @@ from ..ppo import adam, minibatch_schedule, ppo_loss
 from ..settings import TrainSettings
 from ..stages.env_groups import training_envs
 
-__all__ = ["PARTS", "EDGE_PARTS", "measure_floor", "bracketed", "floor_table"]
+__all__ = ["PARTS", "EDGE_PARTS", "measure_floor", "bracketed", "floor_table", "heads_update", "encoder_update"]
 
 PARTS = ("envs", "encoder acting", "heads acting", "encoder training", "heads training")
 EDGE_PARTS = ("envs", "encoder acting", "encoder training")
@@ -133,23 +133,39 @@ def _measure(settings: TrainSettings, channels_last: bool) -> dict[str, float]:
                 out = encoder(flat_obs[idx])
             with clock("heads training"):
                 cut = out.detach().requires_grad_(out.requires_grad)
-                _, logprob, entropy, value = heads.evaluate(*heads.outputs(cut), flat_actions[idx])
-                loss, _ = ppo_loss(logprob, old_logprobs[idx], advantages[idx], value.reshape(-1), old_values[idx],
-                                   returns[idx], entropy, clip_coef=ppo.clip_coef, vf_coef=ppo.vf_coef,
-                                   ent_coef=ppo.ent_coef, clip_vloss=ppo.clip_vloss, norm_adv=ppo.norm_adv)
-                loss.backward()
-                with update_threads(cpu):
-                    nn.utils.clip_grad_norm_(heads_params, ppo.max_grad_norm)
-                    optimizers[-1].step()
-                optimizers[-1].zero_grad(set_to_none=True)
+                heads_update(heads, heads_params, optimizers[-1], cut, ppo, flat_actions[idx], old_logprobs[idx],
+                             advantages[idx], old_values[idx], returns[idx])
             if out.requires_grad:
                 with clock("encoder training"):
-                    out.backward(cut.grad)
-                    with update_threads(cpu):
-                        nn.utils.clip_grad_norm_(encoder_params, ppo.max_grad_norm)
-                        optimizers[0].step()
-                    optimizers[0].zero_grad(set_to_none=True)
+                    encoder_update(encoder_params, optimizers[0], out, cut.grad, ppo)
     return clock.seconds
+
+
+def heads_update(heads: nn.Module, params: list[nn.Parameter], optimizer: torch.optim.Optimizer, cut: torch.Tensor,
+                 ppo: Any, actions: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                 old_values: torch.Tensor, returns: torch.Tensor) -> None:
+    """The heads' part of one training minibatch on the features ``cut``: forward, PPO's loss, backward (into
+    ``cut.grad`` where it needs one), the clipping and Adam's step on the CPU (`update_threads`)."""
+    _, logprob, entropy, value = heads.evaluate(*heads.outputs(cut), actions)
+    loss, _ = ppo_loss(logprob, old_logprobs, advantages, value.reshape(-1), old_values, returns, entropy,
+                       clip_coef=ppo.clip_coef, vf_coef=ppo.vf_coef, ent_coef=ppo.ent_coef,
+                       clip_vloss=ppo.clip_vloss, norm_adv=ppo.norm_adv)
+    loss.backward()
+    with update_threads(torch.device("cpu")):
+        nn.utils.clip_grad_norm_(params, ppo.max_grad_norm)
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def encoder_update(params: list[nn.Parameter], optimizer: torch.optim.Optimizer, out: torch.Tensor,
+                   grad: torch.Tensor, ppo: Any) -> None:
+    """The encoder's part of one training minibatch after its forward (``out``): the backward from the gradient
+    the heads handed across the cut, the clipping and Adam's step on the CPU."""
+    out.backward(grad)
+    with update_threads(torch.device("cpu")):
+        nn.utils.clip_grad_norm_(params, ppo.max_grad_norm)
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def floor_table(floor: dict[str, Any], rows: Sequence[tuple[str, float]] = ()) -> str:

@@ -68,6 +68,15 @@ def test_the_twins_stages_are_its_threads(tmp_path: Path):
     assert {"env", "encoder", "link"} <= set(by_row["twin"]["phases"])
     assert set(by_row["twin, thread stage1"]["phases"]) == {"heads"}
     assert sum(by_row["twin"]["phases"].values()) == pytest.approx(window[1] - window[0], rel=0.2)
+    # Its CPU account: one process, each stretch once (both threads mark it), against both stages' parts.
+    floor = {"parts": {"envs": 1.0, "encoder acting": 0.5, "heads acting": 0.25, "encoder training": 2.0,
+                       "heads training": 4.0}}
+    (twin,) = cpu_account(tmp_path / "spans", 2, floor)
+    assert twin["process"] == "twin"
+    assert [st["stretch"] for st in twin["stretches"]] == ["rollout", "training"]
+    assert [st["parts"] for st in twin["stretches"]] == [1.75, 6.0]
+    assert {"env", "encoder", "heads"} <= set(twin["stretches"][0]["phases"])
+    assert 0 < sum(st["cpu"] for st in twin["stretches"]) <= twin["cpu"] + 0.02
 
 
 def test_no_spans_are_kept_without_the_variable():
