@@ -30,10 +30,14 @@ on the values it reads). Each process keeps the memory it frees as every splitrl
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import resource
 import time
+
+if __package__:  # imported as benchmarks.training_turns
+    from .turns import run_sides
+else:  # run as a script: its folder, benchmarks/, is the first entry of sys.path
+    from turns import run_sides
 
 PARTS = ("encoder", "heads")
 LINKS = ("pipe", "splitrl")
@@ -223,29 +227,9 @@ def measure(minibatches: int, threads: int, link: str | None) -> dict[str, float
     """One setting: CPU seconds by part, the processes' CPU in all and the edge's wall seconds over
     ``minibatches``; the heads in the edge's process (``link`` None), or in their own across a link of
     `LINKS`."""
-    ctx = mp.get_context("spawn")  # fresh interpreters
-    results, report = ctx.Queue(), ctx.Queue()
-    sides = []
-    try:
-        if link is None:
-            sides = [ctx.Process(target=_edge, args=(None, None, threads, minibatches, results))]
-            sides[0].start()
-        else:
-            a, b = ctx.Pipe() if link == "pipe" else (None, None)
-            sides = [ctx.Process(target=_heads, args=(link, b, threads, minibatches, results, report))]
-            sides[0].start()
-            peer = a if link == "pipe" else report.get(timeout=300)  # where the heads' side listens
-            sides.append(ctx.Process(target=_edge, args=(link, peer, threads, minibatches, results)))
-            sides[1].start()
-        got = [results.get(timeout=900) for _ in sides]
-    finally:
-        for p in sides:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
     parts = dict.fromkeys(PARTS, 0.0)
     cpu = wall = faults = 0.0
-    for _, role_cpu, role_wall, role_faults, seconds in got:
+    for _, role_cpu, role_wall, role_faults, seconds in run_sides(_edge, _heads, link, (threads, minibatches), (threads, minibatches)):
         cpu += role_cpu
         faults += role_faults
         wall = max(wall, role_wall)

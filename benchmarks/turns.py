@@ -323,32 +323,55 @@ def _heads(link: str, peer, out, report) -> None:
     other.close()
 
 
-def measure(steps: int, link: str | None) -> dict[str, float]:
-    """One setting: CPU seconds by part, the processes' CPU in all and the edge's wall seconds over ``steps``; the
-    heads in the edge's process (``link`` None) or in their own across a link of `LINKS`."""
-    ctx = mp.get_context("spawn")  # fresh interpreters with one intra-op thread each
+def _get(queue, sides, timeout: float):
+    """The next item of ``queue``, within ``timeout`` seconds; a side that died first fails it at once."""
+    import queue as queues
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return queue.get(timeout=1)
+        except queues.Empty:
+            dead = [p.exitcode for p in sides if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a side exited with status {dead[0]} (its traceback is above)") from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no result in {timeout:.0f} s") from None
+
+
+def run_sides(edge, heads, link: str | None, edge_args: tuple, heads_args: tuple = ()) -> list:
+    """What the sides put on the results queue: ``edge`` alone (``link`` None), called ``edge(None, None,
+    *edge_args, results)``, or ``heads(link, peer, *heads_args, results, report)`` and ``edge(link, peer,
+    *edge_args, results)`` in processes of their own, joined by ``link`` (a pipe's two ends, or where the heads'
+    side reports it listens). Fresh interpreters (spawn), each stopped in the end."""
+    ctx = mp.get_context("spawn")
     results, report = ctx.Queue(), ctx.Queue()
     sides = []
     try:
         if link is None:
-            sides.append(ctx.Process(target=_edge, args=(None, None, steps, results)))
+            sides.append(ctx.Process(target=edge, args=(None, None, *edge_args, results)))
             sides[0].start()
         else:
             a, b = ctx.Pipe() if link == "pipe" else (None, None)
-            sides.append(ctx.Process(target=_heads, args=(link, b, results, report)))
+            sides.append(ctx.Process(target=heads, args=(link, b, *heads_args, results, report)))
             sides[0].start()
-            peer = a if link == "pipe" else report.get(timeout=300)  # where the heads' side listens
-            sides.append(ctx.Process(target=_edge, args=(link, peer, steps, results)))
+            peer = a if link == "pipe" else _get(report, sides, 300)  # where the heads' side listens
+            sides.append(ctx.Process(target=edge, args=(link, peer, *edge_args, results)))
             sides[1].start()
-        got = [results.get(timeout=900) for _ in sides]
+        return [_get(results, sides, 900) for _ in sides]
     finally:
         for p in sides:
             p.join(timeout=60)
             if p.is_alive():
                 p.kill()
+
+
+def measure(steps: int, link: str | None) -> dict[str, float]:
+    """One setting: CPU seconds by part, the processes' CPU in all and the edge's wall seconds over ``steps``; the
+    heads in the edge's process (``link`` None) or in their own across a link of `LINKS`."""
     parts = dict.fromkeys(PARTS, 0.0)
     cpu = wall = 0.0
-    for role, role_cpu, role_wall, seconds in got:
+    for role, role_cpu, role_wall, seconds in run_sides(_edge, _heads, link, (steps,)):
         cpu += role_cpu
         wall = max(wall, role_wall)
         for part, s in seconds.items():

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -28,3 +30,23 @@ def test_an_unknown_link_is_refused_by_name():
     out = subprocess.run([sys.executable, "benchmarks/turns.py", "--links", "pipe,carrier-pigeon"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 2 and "--links: each of pipe, socket, zmq, splitrl, tcp, got 'pipe,carrier-pigeon'" in out.stderr
+
+
+def _edge_that_reports(link, peer, out):
+    out.put("edge")
+
+
+def _heads_that_dies(link, peer, out, report):
+    raise SystemExit(3)
+
+
+def test_a_side_that_dies_fails_the_setting_at_once():
+    """Not after the minutes the other side would wait for it: a side's exit is noticed within about a second."""
+    import time
+
+    from benchmarks.turns import run_sides
+
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="a side exited with status 3"):
+        run_sides(_edge_that_reports, _heads_that_dies, "zmq", ())
+    assert time.monotonic() - start < 60
