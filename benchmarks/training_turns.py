@@ -35,16 +35,12 @@ import resource
 import time
 
 if __package__:  # imported as benchmarks.training_turns
-    from .turns import run_sides
+    from .turns import HOST, SESSION, run_sides
 else:  # run as a script: its folder, benchmarks/, is the first entry of sys.path
-    from turns import run_sides
+    from turns import HOST, SESSION, run_sides
 
 PARTS = ("encoder", "heads")
 LINKS = ("pipe", "splitrl")
-HOST = "tcp://127.0.0.1"
-SESSION = 1 << 16
-"""The session id splitrl's links carry, as the handshake would set it (`benchmarks/turns.py`: with a session a
-decoder learns its peer's layouts, as the split's do)."""
 WARMUP = 4
 """Minibatches each side runs before its clocks start (allocations, oneDNN's primitives)."""
 
