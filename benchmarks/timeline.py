@@ -16,8 +16,9 @@ TO seconds into the iteration, in order, in milliseconds from FROM: a few miniba
 marks (the schedules' ``rollout`` and ``training``), the process's CPU seconds (all its threads),
 its phases' thread CPU seconds, and the rest (``around``: receiving and sending, ZeroMQ's I/O threads, the loop's
 own Python between phases); the pipelined schedule marks the same two stretches. ``--floor FILE`` (`splitrl bench
-floor --json FILE`, the same settings) sets each stretch of the synchronous schedule against the parts it runs
-(`STRETCH_PARTS`), timed alone (stage0's rollout holds the env steps only where they run in its process).
+floor --json FILE`, the same settings) sets each stretch of the synchronous schedule, and of the twin (both stages
+in one process), against the parts it runs (`STRETCH_PARTS`), timed alone (stage0's rollout holds the env steps
+only where they run in its process).
 """
 
 from __future__ import annotations
@@ -97,11 +98,8 @@ def cpu_account(directory: Path, iteration: int, floor: dict[str, Any] | None = 
         spans = [span for line in lines for span in line["spans"] if len(span) > 4]
         marked = [tuple(st) for line in lines for st in line.get("stretches", [])]
         if twin:  # each name once: the longer mark
-            longest: dict[str, tuple[Any, ...]] = {}
-            for st in marked:
-                if st[0] not in longest or st[2] - st[1] > longest[st[0]][2] - longest[st[0]][1]:
-                    longest[st[0]] = st
-            marked = list(longest.values())
+            marked = [max((st for st in marked if st[0] == name), key=lambda st: st[2] - st[1])
+                      for name in dict.fromkeys(st[0] for st in marked)]
         stretches = []
         for name, start, end, cpu in marked:
             phases: dict[str, float] = {}

@@ -52,6 +52,7 @@ def _build(threads: int, minibatches: int):
     import torch
 
     from splitrl.allocator import keep_freed_memory
+    from splitrl.bench.floor_bench import random_actions
     from splitrl.envs import inspect_env
     from splitrl.models import agent
     from splitrl.ppo import adam, minibatch_schedule
@@ -72,8 +73,8 @@ def _build(threads: int, minibatches: int):
         obs, _ = envs.reset(seed=settings.seed)
         frames = [torch.as_tensor(spec.rows(obs, settings.env.image_pipeline[1] > 1))]
         for _ in range(31):
-            drawn = rng.uniform(-1.0, 1.0, (settings.env.num_envs, spec.action_dim)).astype(np.float32)
-            obs, *_ = envs.step(spec.env_action(drawn, settings.env.action_map))
+            obs, *_ = envs.step(spec.env_action(random_actions(spec, rng, settings.env.num_envs),
+                                                settings.env.action_map))
             frames.append(torch.as_tensor(spec.rows(obs, settings.env.image_pipeline[1] > 1)))
     finally:
         envs.close()
@@ -225,7 +226,8 @@ def measure(minibatches: int, threads: int, link: str | None) -> dict[str, float
     `LINKS`."""
     parts = dict.fromkeys(PARTS, 0.0)
     cpu = wall = faults = 0.0
-    for _, role_cpu, role_wall, role_faults, seconds in run_sides(_edge, _heads, link, (threads, minibatches), (threads, minibatches)):
+    args = (threads, minibatches)
+    for _, role_cpu, role_wall, role_faults, seconds in run_sides(_edge, _heads, link, args, args):
         cpu += role_cpu
         faults += role_faults
         wall = max(wall, role_wall)

@@ -37,7 +37,8 @@ from ..ppo import adam, minibatch_schedule, ppo_loss
 from ..settings import TrainSettings
 from ..stages.env_groups import training_envs
 
-__all__ = ["PARTS", "EDGE_PARTS", "measure_floor", "bracketed", "floor_table", "heads_update", "encoder_update"]
+__all__ = ["PARTS", "EDGE_PARTS", "measure_floor", "bracketed", "floor_table", "random_actions", "heads_update",
+           "encoder_update"]
 
 PARTS = ("envs", "encoder acting", "heads acting", "encoder training", "heads training")
 EDGE_PARTS = ("envs", "encoder acting", "encoder training")
@@ -118,9 +119,7 @@ def _measure(settings: TrainSettings, channels_last: bool) -> dict[str, float]:
                     action = heads.evaluate(*heads.outputs(features), generator=generator)[0]
             actions.append(action)
             with clock("envs"):
-                drawn = (rng.integers(0, spec.action_dim, n) if spec.discrete
-                         else rng.uniform(-1.0, 1.0, (n, spec.action_dim)).astype(np.float32))
-                obs, *_ = envs.step(spec.env_action(drawn, settings.env.action_map))
+                obs, *_ = envs.step(spec.env_action(random_actions(spec, rng, n), settings.env.action_map))
     finally:
         envs.close()
     flat_obs, flat_actions = torch.cat(observations), torch.cat(actions)
@@ -139,6 +138,14 @@ def _measure(settings: TrainSettings, channels_last: bool) -> dict[str, float]:
                 with clock("encoder training"):
                     encoder_update(encoder_params, optimizers[0], out, cut.grad, ppo)
     return clock.seconds
+
+
+def random_actions(spec: Any, rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` actions drawn at random in the policy's range (indices, or values in [-1, 1]), for the edge to map
+    onto the env's (`EnvSpec.env_action`)."""
+    if spec.discrete:
+        return rng.integers(0, spec.action_dim, n)
+    return rng.uniform(-1.0, 1.0, (n, spec.action_dim)).astype(np.float32)
 
 
 def heads_update(heads: nn.Module, params: list[nn.Parameter], optimizer: torch.optim.Optimizer, cut: torch.Tensor,

@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_every_setting_times_the_same_parts_and_the_turns_are_what_is_left():
     out = subprocess.run([sys.executable, "benchmarks/turns.py", "--steps", "4", "--rounds", "1",
-                          "--links", "pipe,socket,zmq,splitrl,tcp"], capture_output=True, text=True, timeout=600, check=True,
-                         cwd=ROOT).stdout
+                          "--links", "pipe,socket,zmq,splitrl,tcp"], capture_output=True, text=True, timeout=600,
+                         check=True, cwd=ROOT).stdout
     rows = {line.split(" | ")[0][2:]: [float(cell) for cell in line.rstrip(" |").split(" | ")[1:]]
             for line in out.splitlines() if line.startswith("| one") or line.startswith("| two")}
     assert set(rows) == {"one process", "two processes, pipe", "two processes, socket", "two processes, zmq",
@@ -29,7 +29,8 @@ def test_every_setting_times_the_same_parts_and_the_turns_are_what_is_left():
 def test_an_unknown_link_is_refused_by_name():
     out = subprocess.run([sys.executable, "benchmarks/turns.py", "--links", "pipe,carrier-pigeon"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert out.returncode == 2 and "--links: each of pipe, socket, zmq, splitrl, tcp, got 'pipe,carrier-pigeon'" in out.stderr
+    assert out.returncode == 2
+    assert "--links: each of pipe, socket, zmq, splitrl, tcp, got 'pipe,carrier-pigeon'" in out.stderr
 
 
 def _edge_that_reports(link, peer, out):
