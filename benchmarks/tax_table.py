@@ -9,8 +9,11 @@ cores; stage0's, stage1's and the env workers' CPU seconds with how far each is 
 encoder's parts, and the envs' where they step in its process; stage1 the heads'; the workers the envs'; the
 twin's one process, all of them, in stage0's column); all
 processes together, and their ratio to all the parts: their own, and the floor's (the paper's kernels on one
-thread). The last two columns give the range over the iterations the figures are the mean of (a bench run with
-``--iterations N`` uses N - 2 of them): each iteration's seconds and its CPU over the parts.
+thread). The next two columns give the range over the iterations the figures are the mean of (a bench run with
+``--iterations N`` uses N - 2 of them): each iteration's seconds and its CPU over the parts. The last sets the row's
+CPU against each of the two timings of its parts that "x parts" takes the mean of, the one right before the row and
+the one right after (`splitrl bench pipeline` records them as ``bracket``; empty for a bench that timed its parts
+once): how far the verdict moves with the machine while the row ran.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from pathlib import Path
 from splitrl.runs import is_twin, iteration_cpu, measured_records, read_metrics
 
 HEADER = ("| run | s/iteration | x floor | stage0 | stage1 | env workers | CPU s | x parts | x the floor's parts "
-          "| iterations: s | iterations: x parts |\n"
-          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| iterations: s | iterations: x parts | x parts: before, after |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def spread(values: list[float], digits: int, suffix: str = "") -> str:
@@ -59,11 +62,12 @@ def rows(path: str | Path) -> list[str]:
         total = sum(cpu.values())
         each = [iteration_cpu(r, is_twin(where)) for r in used]
         name = f"{row['mode']} ({Path(path).stem})"
+        beside = ", ".join(f"{total / t:.2f}x" for t in parts.get("bracket", []))
         out.append(f"| {name} | {row['seconds_per_iteration']:.1f} | {row['seconds_per_iteration'] / floor['floor']:.2f}x "
                    f"| {' | '.join(cells)} | {total:.1f} | {total / parts['total']:.2f}x (of {parts['total']:.1f}) "
                    f"| {total / floor['total']:.2f}x (of {floor['total']:.1f}) "
                    f"| {spread([r['time/iteration'] for r in used], 1)} "
-                   f"| {spread([c / parts['total'] for c in each], 2, 'x')} |")
+                   f"| {spread([c / parts['total'] for c in each], 2, 'x')} | {beside} |")
     return out
 
 

@@ -74,3 +74,19 @@ def test_a_clone_reads_the_records_kept_beside_the_json(tmp_path):
     _run(tmp_path / "gone" / "0ms-sync", 70.0, 13.0)  # the bench's own directory, where it is there, first
     (row,) = rows(tmp_path / "bench.json")
     assert row.split(" | ")[6] == "83.0"
+
+
+def test_the_row_is_also_set_against_each_timing_of_its_parts(tmp_path):
+    parts = {"envs": 20.0, "encoder acting": 3.0, "heads acting": 5.0, "encoder training": 30.0,
+             "heads training": 15.0}
+    # Timed at 70 right before the row and 76 right after: the mean, 73, is what "x parts" takes.
+    beside = {"parts": parts, "total": 73.0, "floor": 36.5, "bracket": [70.0, 76.0]}
+    bench = [{"mode": "sync", "seconds_per_iteration": 50.0, "floor": beside,
+              "run_dir": _run(tmp_path / "s", 60.0, 17.0)},
+             {"mode": "sync", "seconds_per_iteration": 50.0, "floor": dict(beside, bracket=[]),
+              "run_dir": _run(tmp_path / "once", 60.0, 17.0)}]
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    with_bracket, once = rows(tmp_path / "bench.json")
+    cells = [cell.strip() for cell in with_bracket.split("|")[1:-1]]
+    assert cells[7] == "1.05x (of 73.0)" and cells[11] == f"{77 / 70:.2f}x, {77 / 76:.2f}x"
+    assert [cell.strip() for cell in once.split("|")[1:-1]][11] == ""
