@@ -22,12 +22,14 @@ DICT_SPEC = EnvSpec(obs_shape=IMAGE, action_dim=4, action_low=(0.0,), action_hig
 
 
 def _rows(batch: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(rows as stage0 stores them, the images (B, C, H, W), the vectors) of a random Dict batch."""
+    """(rows as stage0 stores them, the images (B, C, H, W), the vectors) of a random Dict batch. The images are
+    contiguous, as the encoder reads them from the rows: a convolution picks its kernel by the input's memory layout,
+    and on some CPUs (AVX2 without AVX-512, seen here) a channels-last view's last bits differ."""
     rng = np.random.default_rng(seed)
     obs = {"image": rng.integers(0, 256, (batch, 16, 16, 3), dtype=np.uint8),
            "cue": rng.standard_normal((batch, 2)).astype(np.float32)}
     rows = torch.as_tensor(DICT_SPEC.rows(obs, stacked=False))
-    return rows, torch.as_tensor(obs["image"]).permute(0, 3, 1, 2), torch.as_tensor(obs["cue"])
+    return rows, torch.as_tensor(obs["image"]).permute(0, 3, 1, 2).contiguous(), torch.as_tensor(obs["cue"])
 
 
 def test_auto_is_an_mlp_on_state_vectors_and_the_papers_network_on_images():
