@@ -35,9 +35,9 @@ import resource
 import time
 
 if __package__:  # imported as benchmarks.training_turns
-    from .turns import HOST, SESSION, run_sides
+    from .turns import open_link, run_sides
 else:  # run as a script: its folder, benchmarks/, is the first entry of sys.path
-    from turns import HOST, SESSION, run_sides
+    from turns import open_link, run_sides
 
 PARTS = ("encoder", "heads")
 LINKS = ("pipe", "splitrl")
@@ -136,13 +136,9 @@ class _Framed:
 
     def __init__(self, endpoint, report=None) -> None:
         from splitrl.schedule.common import expect
-        from splitrl.transport import ZmqTransport
 
         self.expect = expect
-        self.link = ZmqTransport(endpoint or f"{HOST}:0", bind=endpoint is None, timeout=60.0)
-        self.link.session = SESSION  # as the handshake leaves it: each end learns the other's layouts
-        if report is not None:
-            report.put(self.link.endpoint)
+        self.link = open_link(endpoint, report)
         self.heads = endpoint is None
 
     def send(self, tensor, mb: int) -> None:

@@ -166,6 +166,19 @@ class _Zmq(_Raw):
         self.ctx.destroy(linger=5000)  # the last message (the stop) still goes out; at most 5 s
 
 
+def open_link(endpoint, report=None, tcp: bool = False):
+    """splitrl's link over TCP loopback in a session, as the handshake leaves it (each end learns the other's
+    layouts): a `ZmqTransport`, or with ``tcp`` a `TcpTransport`. The heads' side binds (``endpoint`` None) and
+    reports where to ``report``."""
+    from splitrl.transport import TcpTransport, ZmqTransport
+
+    link = (TcpTransport if tcp else ZmqTransport)(endpoint or f"{HOST}:0", bind=endpoint is None, timeout=60.0)
+    link.session = SESSION
+    if report is not None:
+        report.put(link.endpoint)
+    return link
+
+
 class _Framed:
     """splitrl's link, a `ZmqTransport` (``tcp``: a `TcpTransport`; the heads' side binds, ``endpoint`` None, and
     reports where) in a session: each step the wire message the synchronous split sends (the features, the env's
@@ -176,14 +189,9 @@ class _Framed:
         import torch
 
         from splitrl.schedule.common import expect
-        from splitrl.transport import TcpTransport, ZmqTransport
 
         self.torch, self.expect = torch, expect
-        transport = TcpTransport if tcp else ZmqTransport
-        self.link = transport(endpoint or f"{HOST}:0", bind=endpoint is None, timeout=60.0)
-        self.link.session = SESSION  # as the handshake leaves it: each end learns the other's layouts
-        if report is not None:
-            report.put(self.link.endpoint)
+        self.link = open_link(endpoint, report, tcp)
         self.outcome = {"reward": torch.zeros(1), "terminated": torch.zeros(1, dtype=torch.bool),
                         "truncated": torch.zeros(1, dtype=torch.bool)}
         self.t = 0

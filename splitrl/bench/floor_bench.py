@@ -158,10 +158,7 @@ def heads_update(heads: nn.Module, params: list[nn.Parameter], optimizer: torch.
                        clip_coef=ppo.clip_coef, vf_coef=ppo.vf_coef, ent_coef=ppo.ent_coef,
                        clip_vloss=ppo.clip_vloss, norm_adv=ppo.norm_adv)
     loss.backward()
-    with update_threads(torch.device("cpu")):
-        nn.utils.clip_grad_norm_(params, ppo.max_grad_norm)
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    _clip_and_step(params, optimizer, ppo)
 
 
 def encoder_update(params: list[nn.Parameter], optimizer: torch.optim.Optimizer, out: torch.Tensor,
@@ -169,6 +166,12 @@ def encoder_update(params: list[nn.Parameter], optimizer: torch.optim.Optimizer,
     """The encoder's part of one training minibatch after its forward (``out``): the backward from the gradient
     the heads handed across the cut, the clipping and Adam's step on the CPU."""
     out.backward(grad)
+    _clip_and_step(params, optimizer, ppo)
+
+
+def _clip_and_step(params: list[nn.Parameter], optimizer: torch.optim.Optimizer, ppo: Any) -> None:
+    """Either side's update after its backward: the gradient clipped to ``max_grad_norm``, Adam's step (on the
+    threads the run steps it on, `update_threads`), the gradients dropped."""
     with update_threads(torch.device("cpu")):
         nn.utils.clip_grad_norm_(params, ppo.max_grad_norm)
         optimizer.step()
