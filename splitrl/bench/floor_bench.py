@@ -7,8 +7,9 @@ environment pipeline (`splitrl.stages.env_groups.training_envs`, the wrappers th
 
 - ``envs``: the iteration's env steps (``num_steps`` steps of ``num_envs`` envs), actions drawn at random in
   the policy's range and mapped onto the env's as the edge maps them;
-- ``encoder acting`` / ``heads acting``: each step's forward of the encoder on that step's observations
-  (batch ``num_envs``) and of the heads on its features, with the action drawn, without a graph;
+- ``encoder acting`` / ``heads acting``: each step's forward of the encoder on that step's observations and of
+  the heads on its features, with the action drawn, without a graph: a forward for each env group
+  (``--rollout-groups``, batch ``num_envs`` / groups), as the pipelined schedule acts on each group apart;
 - ``encoder training`` / ``heads training``: every minibatch of every epoch through the encoder and the heads,
   forward, PPO's loss, backward, the gradient's clipping to ``max_grad_norm`` and an Adam step on each side (the
   update's own maths: `Edge.optimizer_step`, `PPOUpdate.step`), the gradient handed across the cut as the split
@@ -36,6 +37,7 @@ from ..models import agent
 from ..ppo import adam, minibatch_schedule, ppo_loss
 from ..settings import TrainSettings
 from ..stages.env_groups import training_envs
+from ..stages.rollouts import Groups
 
 __all__ = ["PARTS", "EDGE_PARTS", "measure_floor", "bracketed", "floor_table", "random_actions", "heads_update",
            "encoder_update"]
@@ -96,6 +98,7 @@ def _measure(settings: TrainSettings, channels_last: bool) -> dict[str, float]:
     spec = inspect_env(settings.env)
     settings = settings.for_observation(spec.observation)  # the model and image pipeline the run would resolve
     ppo, n, clock = settings.ppo, settings.env.num_envs, _Clock()
+    groups = Groups(n, settings.schedule.groups(n) or 1).slices  # 'auto': one, as a run picks at no round trip
     cpu = torch.device("cpu")
     encoder, heads = (place(net, cpu, channels_last) for net in agent(settings, spec))
     encoder_params, heads_params = list(encoder.parameters()), list(heads.parameters())
@@ -112,12 +115,12 @@ def _measure(settings: TrainSettings, channels_last: bool) -> dict[str, float]:
         for _ in range(ppo.num_steps):
             x = torch.as_tensor(spec.rows(obs, stacked))
             observations.append(x)
-            with torch.no_grad(), acting_threads(cpu, n):
-                with clock("encoder acting"):
-                    features = encoder(x)
-                with clock("heads acting"):
-                    action = heads.evaluate(*heads.outputs(features), generator=generator)[0]
-            actions.append(action)
+            for group in (x[rows] for rows in groups):
+                with torch.no_grad(), acting_threads(cpu, len(group)):
+                    with clock("encoder acting"):
+                        features = encoder(group)
+                    with clock("heads acting"):
+                        actions.append(heads.evaluate(*heads.outputs(features), generator=generator)[0])
             with clock("envs"):
                 obs, *_ = envs.step(spec.env_action(random_actions(spec, rng, n), settings.env.action_map))
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import tempfile
@@ -203,7 +204,8 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
     every run, e.g. -- --threads 1; a row's own arguments (in --modes) to that row.
     Before and after the rows, the parts of an iteration alone (`splitrl bench floor`, the paper's eager kernels
     on one thread; the mean of the two): 'x floor' is each row over their floor. Rows that compute their parts
-    otherwise (--channels-last, --fused-adam, more than one intra-op thread) have those parts measured too, as
+    otherwise (--channels-last, --fused-adam, more than one intra-op thread, another env layout: --num-envs,
+    --num-steps, --rollout-groups, whose acting forwards take each group apart) have those parts measured too, as
     they compute them, and their 'CPU over parts' and 'x parts' are over those. With --parts-beside, the parts
     each row needs are timed right before and right after it, and the row is set against those two.
     """
@@ -215,13 +217,18 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
 
     from ..bench.floor_bench import bracketed, floor_table, measure_floor
 
-    eager = (False, False, 1)  # the floor: the paper's kernels on one thread
+    eager = (False, False, 1, *_parts_key(())[3:])  # the floor: the paper's iteration, its kernels on one thread
     keys = {label: _parts_key((*row_arguments(label), *extra)) for label in labels}  # (and EXTRA checked)
     wanted = list(dict.fromkeys([eager, *keys.values()]))
 
     def timed(key: tuple) -> dict:
-        return run_cli(lambda: measure_floor(TrainSettings(ppo=PPOSettings(fused_adam=key[0])), channels_last=key[1],
-                                             threads=key[2]))
+        fused, channels_last, threads, envs, steps, groups = key
+        settings = TrainSettings()
+        settings = dataclasses.replace(
+            settings, env=dataclasses.replace(settings.env, num_envs=envs),
+            ppo=dataclasses.replace(settings.ppo, fused_adam=fused, num_steps=steps),
+            schedule=dataclasses.replace(settings.schedule, rollout_groups=str(groups)))
+        return run_cli(lambda: measure_floor(settings, channels_last=channels_last, threads=threads))
 
     beside = PartsBeside(timed, lambda mode: [eager, keys[mode]]) if parts_beside and not table_only else None
 
@@ -252,7 +259,7 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
         parts = {key: bracketed(before[key], after[key]) for key in wanted}
         click.echo(floor_table(parts[eager]) + "\n")
         for key in wanted[1:]:  # the rows' own parts too: their CPU over the parts is over these
-            click.echo(f"The parts {_parts_name(key)}, as the rows with them compute them:\n\n"
+            click.echo(f"The parts {_parts_name(key, eager)}, as the rows with them compute them:\n\n"
                        + floor_table(parts[key]) + "\n")
         row_parts = [parts] * len(rows)
     if beside is not None or before is not None:  # each row: its floor, and its own parts where they differ
@@ -263,34 +270,47 @@ def bench_pipeline(modes: str, rtts: str, rate: str, iterations: int, out_dir: s
     _write_json(json_path, rows)
 
 
-def _beside_table(beside: Any, eager: tuple[bool, bool, int]) -> str:
+PartsKey = tuple[bool, bool, int, int, int, int]
+"""How a row computes the parts of its iteration: (``--fused-adam``, ``--channels-last``, torch's intra-op threads a
+stage, the envs, their steps an iteration, the env groups each step acts on apart)."""
+
+
+def _beside_table(beside: Any, eager: PartsKey) -> str:
     """Markdown: every timing of the parts beside the rows (a `splitrl.bench.pipeline_bench.PartsBeside`'s), in
     order."""
     lines = ["The parts timed beside each row, in order (CPU s an iteration, all parts):", "",
              "| when | parts | CPU s |", "|---|---|---:|"]
-    lines += [f"| {where} | {'the floor (eager, one thread)' if kind == eager else _parts_name(kind)} | {total:.2f} |"
-              for where, kind, total in beside.timings]
+    for where, kind, total in beside.timings:
+        name = "the floor (eager, one thread)" if kind == eager else _parts_name(kind, eager)
+        lines.append(f"| {where} | {name} | {total:.2f} |")
     return "\n".join(lines)
 
 
-def _parts_key(args: tuple[str, ...]) -> tuple[bool, bool, int]:
-    """How the training arguments ``args`` compute the parts of an iteration: (``--fused-adam``,
-    ``--channels-last``, torch's intra-op threads a stage: ``--threads``, or torch's default)."""
+def _parts_key(args: tuple[str, ...]) -> PartsKey:
+    """How the training arguments ``args`` compute the parts of an iteration (`PartsKey`): the threads are
+    ``--threads`` or torch's default; the groups ``--rollout-groups``, or one where it is 'auto' (as a run picks at
+    no round trip)."""
     import torch
 
     @click.command()
     @training_options
-    def parse(settings: TrainSettings, options: RunOptions) -> tuple[bool, bool, int]:
-        return settings.ppo.fused_adam, options.channels_last, options.threads or torch.get_num_threads()
+    def parse(settings: TrainSettings, options: RunOptions) -> PartsKey:
+        n = settings.env.num_envs
+        return (settings.ppo.fused_adam, options.channels_last, options.threads or torch.get_num_threads(), n,
+                settings.ppo.num_steps, settings.schedule.groups(n) or 1)
 
     return parse.main(list(args), standalone_mode=False)
 
 
-def _parts_name(key: tuple[bool, bool, int]) -> str:
-    fused, channels_last, threads = key
-    named = [name for name, on in (("--fused-adam", fused), ("--channels-last", channels_last)) if on]
-    return " ".join(["with", *named, *(["and"] if named and threads > 1 else []),
-                     *([f"{threads} intra-op threads"] if threads > 1 else [])])
+def _parts_name(key: PartsKey, paper: PartsKey) -> str:
+    """What sets the parts ``key`` apart (``paper``: the paper's iteration's key, whose env layout goes unnamed)."""
+    fused, channels_last, threads, envs, steps, groups = key
+    pieces = [" ".join(name for name, on in (("--fused-adam", fused), ("--channels-last", channels_last)) if on)]
+    pieces += [f"{threads} intra-op threads"] if threads > 1 else []
+    if (envs, steps, groups) != paper[3:]:
+        pieces.append(f"{envs} envs x {steps} steps" + (f" acting in {groups} groups" if groups > 1 else ""))
+    pieces = [p for p in pieces if p]
+    return "with " + (" and ".join([", ".join(pieces[:-1]), pieces[-1]]) if len(pieces) > 1 else "".join(pieces))
 
 
 @bench.command("vector")

@@ -75,6 +75,33 @@ def test_with_more_threads_the_parts_run_on_them_as_a_run_threads_them(tmp_path,
     assert measure_floor(_tiny(), cores=1)["threads"] == 1 and "intra-op" not in floor_table(measure_floor(_tiny()))
 
 
+def test_the_acting_forwards_take_each_env_group_apart(monkeypatch):
+    import dataclasses
+
+    import torch
+
+    from splitrl.bench import floor_bench
+
+    rows = []
+    agent = floor_bench.agent
+
+    def recording(settings, spec):
+        encoder, heads = agent(settings, spec)
+        encoder.register_forward_pre_hook(lambda m, args: rows.append(len(args[0])) if not torch.is_grad_enabled()
+                                          else None)  # the acting forwards: no graph
+        return encoder, heads
+
+    monkeypatch.setattr(floor_bench, "agent", recording)
+    settings = _tiny()
+    settings = dataclasses.replace(settings, env=dataclasses.replace(settings.env, num_envs=4),
+                                   schedule=dataclasses.replace(settings.schedule, rollout_groups="2"))
+    measure_floor(settings, cores=1)
+    assert rows == [2] * (2 * 32)  # each of the 32 steps: a forward of each group's two envs, as the run acts
+    rows.clear()
+    measure_floor(dataclasses.replace(settings, schedule=dataclasses.replace(settings.schedule, rollout_groups="1")))
+    assert rows == [4] * 32
+
+
 def test_each_sides_training_clips_its_gradient_as_the_update_does(monkeypatch):
     import torch
 
@@ -131,7 +158,8 @@ def test_the_pipeline_bench_times_the_parts_before_and_after_its_runs(monkeypatc
                        "+ micro-batches at once --channels-last", "--rtt", "0").output
     assert order == [("parts", False, 1), ("parts", False, 2), ("parts", True, 1), "runs",
                      ("parts", False, 1), ("parts", False, 2), ("parts", True, 1)]
-    assert "The parts with 2 intra-op threads" in out and "The parts with --channels-last," in out
+    assert "The parts with 2 intra-op threads," in out  # the pipelined rows' four envs acting in four groups too:
+    assert "The parts with --channels-last and 4 envs x 1024 steps acting in 4 groups," in out
     # and each row is set against its own: the two-thread row's CPU over the two-thread parts (20 and 40: 30 a
     # part, 150 in all), the one-thread row's over the floor's (10 and 30: 20 a part, 100)
     order.clear()
@@ -146,6 +174,24 @@ def test_the_pipeline_bench_times_the_parts_before_and_after_its_runs(monkeypatc
     assert lines[0].endswith("| +50.0 | 1.33x |") and lines[1].endswith("| +100.0 | 2.00x |")
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert rows[0]["parts"]["threads"] == 2 and "parts" not in rows[1] and rows[1]["floor"]["threads"] == 1
+
+
+def test_a_row_with_another_env_layout_is_set_against_parts_of_that_layout(monkeypatch):
+    from splitrl.bench import floor_bench, pipeline_bench
+
+    layouts = []
+
+    def measure(settings, cores=None, channels_last=False, threads=1):
+        layouts.append((settings.env.num_envs, settings.ppo.num_steps, settings.schedule.rollout_groups, threads))
+        return floor_bench._implied({p: 10.0 for p in PARTS}, 2, 4096, channels_last, threads)
+
+    monkeypatch.setattr(floor_bench, "measure_floor", measure)
+    monkeypatch.setattr(pipeline_bench, "run_pipeline_bench", lambda *a, **k: [])
+    row = "+ async --num-envs 8 --num-steps 512 --rollout-groups 2"
+    out = splitrl_here("bench", "pipeline", "--modes", f"sync --threads 1,{row}", "--rtt", "0").output
+    # the floor (the paper's iteration on one thread), then the row's own: its envs, steps and groups, its threads
+    assert layouts[:2] == [(1, 4096, "1", 1), (8, 512, "2", 1)] and len(layouts) == 4
+    assert "The parts with 8 envs x 512 steps acting in 2 groups, as the rows with them compute them" in out
 
 
 def _tiny(**top):

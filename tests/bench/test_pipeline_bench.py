@@ -84,9 +84,12 @@ def test_the_parts_each_row_computes_are_read_from_its_arguments_before_any_run(
 
     from splitrl.cli.bench import _parts_key
 
-    assert _parts_key(("--rollout-groups", "2", "--channels-last")) == (False, True, torch.get_num_threads())
-    assert _parts_key(("--fused-adam", "--threads", "1")) == (True, False, 1)
-    assert _parts_key(("--threads", "3")) == (False, False, 3)
+    threads = torch.get_num_threads()
+    assert _parts_key(("--num-envs", "4", "--rollout-groups", "2", "--channels-last")) == (False, True, threads, 4,
+                                                                                           4096, 2)
+    assert _parts_key(("--fused-adam", "--threads", "1")) == (True, False, 1, 1, 4096, 1)
+    assert _parts_key(("--threads", "3", "--num-envs", "8", "--num-steps", "512")) == (False, False, 3, 8, 512, 1)
+    assert _parts_key(("--num-envs", "8", "--rollout-groups", "auto"))[3:] == (8, 4096, 1)  # as at no round trip
     bad = splitrl_here("bench", "pipeline", "--modes", "sync", "--rtt", "0", "--", "--chanels-last", code=None)
     assert bad.exit_code != 0 and "--chanels-last" in bad.output
     bad = splitrl_here("bench", "pipeline", "--modes", "sync --thread 1", "--rtt", "0", code=None)
