@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from ..errors import SettingsError
-from ..settings import PPOSettings, RunOptions, TrainSettings
+from ..settings import RunOptions, TrainSettings
 from .errors import fail, run_cli
 from .options import training_options
 
