@@ -39,8 +39,8 @@ from ..settings import TrainSettings
 from ..stages.env_groups import training_envs
 from ..stages.rollouts import Groups
 
-__all__ = ["PARTS", "EDGE_PARTS", "measure_floor", "bracketed", "floor_table", "random_actions", "heads_update",
-           "encoder_update"]
+__all__ = ["PARTS", "EDGE_PARTS", "measure_floor", "acting_groups", "bracketed", "floor_table", "random_actions",
+           "heads_update", "encoder_update"]
 
 PARTS = ("envs", "encoder acting", "heads acting", "encoder training", "heads training")
 EDGE_PARTS = ("envs", "encoder acting", "encoder training")
@@ -77,6 +77,12 @@ def measure_floor(settings: TrainSettings, cores: int | None = None, channels_la
     return _implied(seconds, cores or os.cpu_count() or 1, settings.steps_per_iteration, channels_last, threads)
 
 
+def acting_groups(settings: TrainSettings) -> int:
+    """The env groups whose acting forwards ``settings``' parts take apart: ``--rollout-groups``, or one where it
+    is 'auto' (what a run picks at no round trip)."""
+    return settings.schedule.groups(settings.env.num_envs) or 1
+
+
 def bracketed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """Two measurements of the same parts (`measure_floor`), one before a bench's runs and one after: each part's
     mean and the floors they imply, with ``bracket``, the two totals (how far the machine moved meanwhile)."""
@@ -98,7 +104,7 @@ def _measure(settings: TrainSettings, channels_last: bool) -> dict[str, float]:
     spec = inspect_env(settings.env)
     settings = settings.for_observation(spec.observation)  # the model and image pipeline the run would resolve
     ppo, n, clock = settings.ppo, settings.env.num_envs, _Clock()
-    groups = Groups(n, settings.schedule.groups(n) or 1).slices  # 'auto': one, as a run picks at no round trip
+    groups = Groups(n, acting_groups(settings)).slices
     cpu = torch.device("cpu")
     encoder, heads = (place(net, cpu, channels_last) for net in agent(settings, spec))
     encoder_params, heads_params = list(encoder.parameters()), list(heads.parameters())

@@ -288,16 +288,16 @@ def _beside_table(beside: Any, eager: PartsKey) -> str:
 
 def _parts_key(args: tuple[str, ...]) -> PartsKey:
     """How the training arguments ``args`` compute the parts of an iteration (`PartsKey`): the threads are
-    ``--threads`` or torch's default; the groups ``--rollout-groups``, or one where it is 'auto' (as a run picks at
-    no round trip)."""
+    ``--threads`` or torch's default; the groups the floor's (`splitrl.bench.floor_bench.acting_groups`)."""
     import torch
+
+    from ..bench.floor_bench import acting_groups
 
     @click.command()
     @training_options
     def parse(settings: TrainSettings, options: RunOptions) -> PartsKey:
-        n = settings.env.num_envs
-        return (settings.ppo.fused_adam, options.channels_last, options.threads or torch.get_num_threads(), n,
-                settings.ppo.num_steps, settings.schedule.groups(n) or 1)
+        return (settings.ppo.fused_adam, options.channels_last, options.threads or torch.get_num_threads(),
+                settings.env.num_envs, settings.ppo.num_steps, acting_groups(settings))
 
     return parse.main(list(args), standalone_mode=False)
 
@@ -305,12 +305,13 @@ def _parts_key(args: tuple[str, ...]) -> PartsKey:
 def _parts_name(key: PartsKey, paper: PartsKey) -> str:
     """What sets the parts ``key`` apart (``paper``: the paper's iteration's key, whose env layout goes unnamed)."""
     fused, channels_last, threads, envs, steps, groups = key
-    pieces = [" ".join(name for name, on in (("--fused-adam", fused), ("--channels-last", channels_last)) if on)]
-    pieces += [f"{threads} intra-op threads"] if threads > 1 else []
+    flags = " ".join(name for name, on in (("--fused-adam", fused), ("--channels-last", channels_last)) if on)
+    pieces = [flags] if flags else []
+    if threads > 1:
+        pieces.append(f"{threads} intra-op threads")
     if (envs, steps, groups) != paper[3:]:
         pieces.append(f"{envs} envs x {steps} steps" + (f" acting in {groups} groups" if groups > 1 else ""))
-    pieces = [p for p in pieces if p]
-    return "with " + (" and ".join([", ".join(pieces[:-1]), pieces[-1]]) if len(pieces) > 1 else "".join(pieces))
+    return "with " + (f"{', '.join(pieces[:-1])} and {pieces[-1]}" if len(pieces) > 1 else pieces[0])
 
 
 @bench.command("vector")
